@@ -1,0 +1,185 @@
+"""The `warren` command."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from warren import paths
+from warren.cluster.local import ClusterError, LocalCluster
+from warren.config import ConfigError, WarrenConfig, load_config
+
+console = Console(stderr=True)
+
+
+def _say(message: str) -> None:
+    console.print(f"[dim]·[/dim] {message}", highlight=False)
+
+
+def _config(path: Path | None) -> WarrenConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _bin_dir(value: Path | None) -> Path:
+    """--bin-dir, else $WARREN_BIN_DIR, else the directory of etcd on PATH."""
+    if value:
+        return value
+    if env := os.environ.get("WARREN_BIN_DIR"):
+        return Path(env)
+    from shutil import which
+
+    found = which("kube-apiserver")
+    if found:
+        return Path(found).parent
+    raise click.ClickException(
+        "cluster binaries not found: run tools/build-cluster-binaries.sh and pass the directory "
+        "it prints with --bin-dir (or set WARREN_BIN_DIR)"
+    )
+
+
+config_option = click.option(
+    "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+    help="Warren configuration (YAML); default: the embedded defaults.",
+)
+kubeconfig_option = click.option(
+    "--kubeconfig", type=click.Path(path_type=Path, dir_okay=False),
+    default=None, help="Cluster to use; default: the local cluster's admin kubeconfig.",
+)
+
+
+@click.group()
+@click.version_option(package_name="warren")
+def main() -> None:
+    """Warren: sandboxes that fork, on your own infrastructure."""
+
+
+# -- cluster ---------------------------------------------------------------------------
+
+
+@main.group()
+def cluster() -> None:
+    """The local single-node cluster built from pinned sources."""
+
+
+def _local(config_path: Path | None, bin_dir: Path | None, need_bins: bool = True) -> LocalCluster:
+    cfg = _config(config_path)
+    # down and status never start a binary, so they work without knowing where they are.
+    bins = _bin_dir(bin_dir) if need_bins else Path(os.environ.get("WARREN_BIN_DIR", "."))
+    return LocalCluster(cfg.cluster, paths.cluster_state_dir(), bins, progress=_say)
+
+
+bin_dir_option = click.option(
+    "--bin-dir", type=click.Path(path_type=Path, file_okay=False),
+    help="Directory with etcd, kube-apiserver, ... (tools/build-cluster-binaries.sh prints it).",
+)
+
+
+@cluster.command("up")
+@config_option
+@bin_dir_option
+def cluster_up(config_path: Path | None, bin_dir: Path | None) -> None:
+    """Start (or converge) the local cluster and wait until it is ready."""
+    local = _local(config_path, bin_dir)
+    try:
+        local.up()
+    except ClusterError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(local.kubeconfig)
+
+
+@cluster.command("down")
+@click.option("--wipe", is_flag=True, help="Also delete the cluster's state (etcd data, certificates).")
+@config_option
+def cluster_down(wipe: bool, config_path: Path | None) -> None:
+    """Stop exactly the processes `up` started."""
+    local = _local(config_path, None, need_bins=False)
+    try:
+        stopped = local.down(wipe=wipe)
+    except ClusterError as exc:
+        raise click.ClickException(str(exc)) from None
+    _say(f"stopped {len(stopped)} process(es)" + (" and wiped state" if wipe else ""))
+
+
+@cluster.command("status")
+@config_option
+def cluster_status(config_path: Path | None) -> None:
+    """Each component's process and health; exits 1 unless all are healthy."""
+    local = _local(config_path, None, need_bins=False)
+    rows = local.status()
+    table = Table("component", "pid", "health", "detail", "log")
+    for row in rows:
+        health = "[green]healthy[/green]" if row.healthy else "[red]down[/red]"
+        table.add_row(row.name, str(row.pid or "-"), health, row.detail[:40], str(row.log))
+    Console().print(table)
+    if not rows or not all(r.healthy for r in rows):
+        sys.exit(1)
+
+
+@cluster.command("kubeconfig")
+def cluster_kubeconfig() -> None:
+    """Print the path of the local cluster's admin kubeconfig."""
+    click.echo(paths.admin_kubeconfig())
+
+
+# -- render / apply ----------------------------------------------------------------------
+
+
+@main.command()
+@config_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("rendered"),
+              show_default=True, help="Directory to write the rendered YAML into.")
+def render(config_path: Path | None, out_dir: Path) -> None:
+    """Render every Kubernetes object of the platform to YAML files."""
+    from warren.render import write
+
+    for path in write(_config(config_path), out_dir):
+        click.echo(path)
+
+
+@main.command()
+@config_option
+@kubeconfig_option
+@click.option("--dry-run", is_flag=True, help="Server-side dry run: validate, change nothing.")
+def apply(config_path: Path | None, kubeconfig: Path | None, dry_run: bool) -> None:
+    """Apply the rendered objects with server-side apply."""
+    from warren import kube
+    from warren.render import render as render_objects
+
+    cfg = _config(config_path)  # validated before anything touches the cluster
+    objects = render_objects(cfg)
+    try:
+        api = kube.api_client(kubeconfig or paths.admin_kubeconfig())
+        applied = kube.apply(api, objects, progress=_say, dry_run=dry_run)
+    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from None
+    _say(f"{'validated' if dry_run else 'applied'} {len(applied)} objects")
+
+
+# -- conformance -------------------------------------------------------------------------
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--kubeconfig", type=click.Path(path_type=Path, dir_okay=False, exists=True), required=True,
+              help="The cluster to prove.")
+@click.option("--junitxml", type=click.Path(path_type=Path, dir_okay=False), help="Write JUnit XML here.")
+@config_option
+@click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
+def conformance(kubeconfig: Path, junitxml: Path | None, config_path: Path | None,
+                pytest_args: tuple[str, ...]) -> None:
+    """Run the conformance suite against any cluster (extra arguments go to pytest)."""
+    from warren.conformance.runner import run
+
+    _config(config_path)  # fail early on a bad file
+    sys.exit(run(kubeconfig, junitxml, config_path, list(pytest_args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The local cluster built from pinned sources: PKI, processes, components, lifecycle."""

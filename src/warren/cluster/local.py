@@ -1,0 +1,290 @@
+"""The local cluster: `warren cluster up | down | status | kubeconfig`.
+
+Control-plane components run as processes this module starts and records (process.py).
+A node (kubelet, container runtime, ...) plugs in through the `NodeProvider` protocol:
+its components start after the control plane is ready and stop before it goes down,
+and its teardown removes whatever host state it made.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+
+from warren.cluster.components import Component, Health, Layout, control_plane, leaves
+from warren.cluster.pki import Pki
+from warren.cluster.process import Supervisor
+from warren.config import ClusterConfig
+
+STATE_MARKER = ".warren-cluster"  # `down --wipe` deletes only a directory that carries this
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ClusterContext:
+    config: ClusterConfig
+    layout: Layout
+    advertise_address: str
+    supervisor: Supervisor
+
+
+class NodeProvider(Protocol):
+    """A node joining the local cluster (the node-runtime work provides one)."""
+
+    name: str
+
+    def components(self, ctx: ClusterContext) -> Sequence[Component]: ...
+
+    def prepare(self, ctx: ClusterContext) -> None: ...
+
+    def teardown(self, ctx: ClusterContext, wipe: bool) -> None: ...
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    pid: int | None
+    healthy: bool
+    detail: str
+    log: Path
+
+
+def primary_ipv4() -> str:
+    """The address of the interface that carries the default route (read, nothing is sent)."""
+    routes = json.loads(subprocess.run(
+        ["ip", "-j", "-4", "route", "show", "default"], capture_output=True, text=True, check=True
+    ).stdout or "[]")
+    if not routes:
+        raise ClusterError(
+            "no default IPv4 route to pick an advertise address from: set cluster.advertise_address"
+        )
+    if routes[0].get("prefsrc"):
+        return str(routes[0]["prefsrc"])
+    addrs = json.loads(subprocess.run(
+        ["ip", "-j", "-4", "addr", "show", "dev", routes[0]["dev"]],
+        capture_output=True, text=True, check=True,
+    ).stdout)
+    for link in addrs:
+        for info in link.get("addr_info", []):
+            if info.get("family") == "inet":
+                return str(info["local"])
+    raise ClusterError(f"interface {routes[0]['dev']} has no IPv4 address: set cluster.advertise_address")
+
+
+def probe(health: Health, timeout: float = 3.0) -> tuple[bool, str]:
+    """GET the health endpoint: (healthy, short detail)."""
+    context = None
+    if health.url.startswith("https://"):
+        context = ssl.create_default_context(cafile=str(health.ca) if health.ca else None)
+        if health.client_cert:
+            context.load_cert_chain(str(health.client_cert[0]), str(health.client_cert[1]))
+    try:
+        with urllib.request.urlopen(health.url, timeout=timeout, context=context) as response:  # noqa: S310  # our own loopback endpoints
+            body = response.read(200).decode(errors="replace").strip()
+            return response.status == 200, body or str(response.status)  # noqa: PLR2004
+    except urllib.error.HTTPError as exc:
+        return False, f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, str(reason)
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        state_dir: Path,
+        bin_dir: Path,
+        nodes: Sequence[NodeProvider] = (),
+        progress: Callable[[str], None] = lambda _msg: None,
+    ) -> None:
+        self.config = config
+        self.layout = Layout(state_dir=state_dir, bin_dir=bin_dir)
+        self.supervisor = Supervisor(state_dir)
+        self.nodes = list(nodes)
+        self.progress = progress
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.layout.admin_kubeconfig
+
+    def _context(self) -> ClusterContext:
+        advertise = self.config.advertise_address or primary_ipv4()
+        return ClusterContext(self.config, self.layout, advertise, self.supervisor)
+
+    def _components(self, ctx: ClusterContext) -> list[Component]:
+        components = control_plane(self.config, self.layout, ctx.advertise_address)
+        for node in self.nodes:
+            components.extend(node.components(ctx))
+        return components
+
+    # -- up ---------------------------------------------------------------------------
+
+    def up(self) -> None:
+        """Bring every component to running and healthy; leave healthy ones alone."""
+        ctx = self._context()
+        state = self.layout.state_dir
+        state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (state / STATE_MARKER).touch()
+        self._ensure_pki(ctx.advertise_address)
+        self._write_kubeconfigs()
+        for node in self.nodes:
+            node.prepare(ctx)
+        for component in self._components(ctx):
+            self._ensure_running(component)
+        self.progress(f"cluster ready; admin kubeconfig: {self.kubeconfig}")
+
+    def _ensure_pki(self, advertise: str) -> None:
+        pki = Pki(self.layout.pki)
+        pki.ensure_ca("ca", "warren-ca")
+        pki.ensure_ca("etcd-ca", "warren-etcd-ca")
+        pki.ensure_ca("front-proxy-ca", "warren-front-proxy-ca")
+        for leaf in leaves(self.config, advertise):
+            pki.ensure_leaf(leaf)
+        pki.ensure_keypair("sa")
+        if pki.issued:
+            self.progress(f"issued {', '.join(pki.issued)}")
+
+    def _write_kubeconfigs(self) -> None:
+        server = f"https://127.0.0.1:{self.config.api_port}"
+        for user, cert in (("admin", "admin"), ("controller-manager", "controller-manager"),
+                           ("scheduler", "scheduler")):
+            write_kubeconfig(
+                self.layout.kubeconfig(user), server, self.layout.crt("ca"),
+                self.layout.crt(cert), self.layout.key(cert), user=user,
+            )
+
+    def _ensure_running(self, component: Component) -> None:
+        sup = self.supervisor
+        record = sup.running(component.name)
+        if record is not None and record.digest == component.spec.digest:
+            healthy, _ = probe(component.health)
+            if healthy:
+                self.progress(f"{component.name}: running (pid {record.pid})")
+                return
+        binary = Path(component.spec.argv[0])
+        if not binary.is_file():
+            raise ClusterError(
+                f"{binary} is missing: build the cluster binaries with tools/build-cluster-binaries.sh "
+                "and pass the directory it prints with --bin-dir (or WARREN_BIN_DIR)"
+            )
+        if record is not None:
+            self.progress(f"{component.name}: restarting (configuration changed or unhealthy)")
+            sup.stop(component.name)
+        record = sup.start(component.spec)
+        self.progress(f"{component.name}: started (pid {record.pid}), waiting for health")
+        self._wait_healthy(component)
+
+    def _wait_healthy(self, component: Component) -> None:
+        deadline = time.monotonic() + self.config.ready_timeout_seconds
+        detail = ""
+        while time.monotonic() < deadline:
+            if self.supervisor.running(component.name) is None:
+                raise ClusterError(
+                    f"{component.name} exited during start-up; last lines of "
+                    f"{self.supervisor.log_path(component.name)}:\n{tail(self.supervisor.log_path(component.name))}"
+                )
+            healthy, detail = probe(component.health)
+            if healthy:
+                self.progress(f"{component.name}: healthy")
+                return
+            time.sleep(0.5)
+        raise ClusterError(
+            f"{component.name} not healthy after {self.config.ready_timeout_seconds}s "
+            f"({component.health.url}: {detail}); see {self.supervisor.log_path(component.name)}"
+        )
+
+    # -- down -------------------------------------------------------------------------
+
+    def down(self, wipe: bool = False) -> list[str]:
+        """Stop every process this cluster started, newest first; optionally wipe state."""
+        stopped = []
+        ctx = None
+        try:
+            ctx = self._context()
+            names = [c.name for c in self._components(ctx)]
+        except ClusterError:
+            names = []
+        # Anything with a record counts, even a component no longer in the plan.
+        run_dir = self.supervisor.run_dir
+        recorded = sorted(p.stem for p in run_dir.glob("*.json")) if run_dir.is_dir() else []
+        names += [n for n in recorded if n not in names]
+        for node in reversed(self.nodes):
+            if ctx is not None:
+                node.teardown(ctx, wipe)
+        for name in reversed(names):
+            if self.supervisor.stop(name):
+                stopped.append(name)
+                self.progress(f"{name}: stopped")
+        if wipe:
+            self.wipe()
+        return stopped
+
+    def wipe(self) -> None:
+        state = self.layout.state_dir
+        if not state.exists():
+            return
+        if not (state / STATE_MARKER).exists():
+            raise ClusterError(f"refusing to wipe {state}: it does not look like a Warren cluster state")
+        shutil.rmtree(state)
+        self.progress(f"wiped {state}")
+
+    # -- status -----------------------------------------------------------------------
+
+    def status(self) -> list[ComponentStatus]:
+        ctx = self._context()
+        result = []
+        for component in self._components(ctx):
+            record = self.supervisor.running(component.name)
+            if record is None:
+                healthy, detail = False, "not running"
+            else:
+                healthy, detail = probe(component.health)
+            result.append(ComponentStatus(
+                component.name, record.pid if record else None, healthy, detail,
+                self.supervisor.log_path(component.name),
+            ))
+        return result
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str) -> None:
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "warren", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}],
+        "users": [{"name": user, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
+        "contexts": [{"name": f"{user}@warren", "context": {"cluster": "warren", "user": user}}],
+        "current-context": f"{user}@warren",
+    }
+    text = yaml.safe_dump(doc, sort_keys=False)
+    if path.exists() and path.read_text() == text:
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.touch(mode=0o600)
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

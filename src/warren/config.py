@@ -1,0 +1,190 @@
+"""The one typed configuration every rendered object and the local cluster come from.
+
+Operators write YAML; `load_config` validates all of it before anything is applied and
+turns every problem into a `ConfigError` that names the key, what was given and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# Destinations a sandbox pod must never reach (ARCHITECTURE.md, "Egress deny floor").
+DEFAULT_BLOCKED_V4 = (
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "169.254.0.0/16",
+    "127.0.0.0/8",
+)
+DEFAULT_BLOCKED_V6 = ("fc00::/7", "fe80::/10", "fd00:ec2::254/128", "::1/128")
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the operator who has to fix it."""
+
+
+class _Model(BaseModel):
+    # Unknown keys are errors: a misspelt key must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+def _cidr(value: str) -> str:
+    try:
+        return str(ipaddress.ip_network(value, strict=True))
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not a network in CIDR form, e.g. 10.96.0.0/16 ({exc})") from exc
+
+
+class ClusterConfig(_Model):
+    """The local single-node cluster that `warren cluster up` runs."""
+
+    bind_address: str = "0.0.0.0"  # noqa: S104  # the node and its pods reach the API on the host's address
+    advertise_address: str | None = Field(
+        default=None, description="Address the API server advertises; default: the host's primary IPv4."
+    )
+    api_port: Port = 6443
+    etcd_client_port: Port = 2379
+    etcd_peer_port: Port = 2380
+    etcd_metrics_port: Port = 2381
+    controller_manager_port: Port = 10257
+    scheduler_port: Port = 10259
+    service_cidr: str = "10.96.0.0/16"
+    pod_cidr: str = "10.244.0.0/16"
+    cluster_domain: str = "cluster.local"
+    ready_timeout_seconds: Annotated[int, Field(ge=10, le=1800)] = 180
+
+    @field_validator("service_cidr", "pod_cidr")
+    @classmethod
+    def _valid_cidr(cls, value: str) -> str:
+        return _cidr(value)
+
+    @field_validator("bind_address", "advertise_address")
+    @classmethod
+    def _valid_ip(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            ipaddress.ip_address(value)
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not an IP address") from exc
+        return value
+
+    @property
+    def service_ip(self) -> str:
+        """The `kubernetes` Service's cluster IP: the first address of the service range."""
+        return str(next(ipaddress.ip_network(self.service_cidr).hosts()))
+
+
+class IsolationConfig(_Model):
+    """The isolation floor: runtime class, admission policy and namespace labels."""
+
+    runtime_class: str = "gvisor"
+    runtime_handler: str = "runsc"
+    default_namespace: str = "warren-sandboxes"
+    extra_namespaces: tuple[str, ...] = ()
+    pod_security_level: Literal["baseline", "restricted"] = "baseline"
+    # Requesters in these groups may change the floor's guarded objects (sandbox namespace
+    # labels, the gvisor RuntimeClass). Everyone else is refused by the guard policy.
+    platform_groups: tuple[str, ...] = ("system:masters", "warren:platform")
+    # CSI drivers whose inline volumes sandbox pods may use (the workspace driver).
+    allowed_csi_drivers: tuple[str, ...] = ("blockd.warren.dev",)
+
+    @field_validator("default_namespace", "runtime_class", "runtime_handler")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not DNS_LABEL.match(value):
+            raise ValueError(f"{value!r} is not a DNS label (lowercase letters, digits, '-')")
+        return value
+
+    @field_validator("extra_namespaces")
+    @classmethod
+    def _dns_labels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            cls._dns_label(name)
+        return value
+
+    @field_validator("platform_groups")
+    @classmethod
+    def _some_groups(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("at least one group must be able to manage the floor")
+        return value
+
+    @property
+    def sandbox_namespaces(self) -> tuple[str, ...]:
+        return (self.default_namespace, *self.extra_namespaces)
+
+
+class EgressConfig(_Model):
+    """The egress deny floor's NetworkPolicy half (nftables on nodes is the other)."""
+
+    blocked_cidrs: tuple[str, ...] = DEFAULT_BLOCKED_V4 + DEFAULT_BLOCKED_V6
+    # Node and API server addresses to block too, when they are outside the ranges above.
+    extra_blocked_cidrs: tuple[str, ...] = ()
+    dns_namespace: str = "kube-system"
+    dns_pod_labels: dict[str, str] = Field(default_factory=lambda: {"k8s-app": "kube-dns"})
+
+    @field_validator("blocked_cidrs", "extra_blocked_cidrs")
+    @classmethod
+    def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_cidr(item) for item in value)
+
+    def blocked(self, version: Literal[4, 6]) -> list[str]:
+        cidrs = (*self.blocked_cidrs, *self.extra_blocked_cidrs)
+        return [c for c in cidrs if ipaddress.ip_network(c).version == version]
+
+
+class WarrenConfig(_Model):
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    isolation: IsolationConfig = Field(default_factory=IsolationConfig)
+    egress: EgressConfig = Field(default_factory=EgressConfig)
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key; remove it or check its spelling")
+            continue
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"  {key}: {message} (got {item.get('input')!r})")
+    return "invalid Warren configuration:\n" + "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any] | None) -> WarrenConfig:
+    try:
+        return WarrenConfig.model_validate(data or {})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def load_config(path: Path | None) -> WarrenConfig:
+    """Read and validate a YAML configuration file; None gives the embedded defaults."""
+    if path is None:
+        return WarrenConfig()
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"configuration {path} is not valid YAML: {exc}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"configuration {path} must be a mapping at the top level")
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

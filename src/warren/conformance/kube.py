@@ -1,0 +1,109 @@
+"""Helpers the conformance tests share: clients, object builders, refusal checks."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+Obj = dict[str, Any]
+
+
+def new_api(kubeconfig: Path, as_user: str | None = None) -> client.ApiClient:
+    """An API client; `as_user` impersonates an ordinary user (groups: system:authenticated)."""
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    if as_user:
+        api.set_default_header("Impersonate-User", as_user)
+    return api
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    message: str
+
+
+def refusal(call: Callable[[], object]) -> Refusal | None:
+    """Run an API call; the refusal it met, or None if the server accepted it."""
+    try:
+        call()
+    except ApiException as exc:
+        try:
+            message = json.loads(exc.body or "{}").get("message", "")
+        except ValueError:
+            message = str(exc.body)
+        return Refusal(exc.status, message)
+    return None
+
+
+def sandbox_pod(name: str, runtime_class: str = "gvisor") -> Obj:
+    """A pod that satisfies every rule of the floor."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "warren-conformance"}},
+        "spec": {
+            "runtimeClassName": runtime_class,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox:stable",
+                    "command": ["sleep", "3600"],
+                    "securityContext": {"allowPrivilegeEscalation": False},
+                }
+            ],
+        },
+    }
+
+
+def with_init(pod: Obj) -> Obj:
+    pod = copy.deepcopy(pod)
+    init = copy.deepcopy(pod["spec"]["containers"][0])
+    init.update(name="init", command=["true"])
+    pod["spec"]["initContainers"] = [init]
+    return pod
+
+
+def ephemeral_container(name: str = "debug") -> Obj:
+    return {
+        "name": name,
+        "image": "busybox:stable",
+        "command": ["sh"],
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@contextmanager
+def namespace(core: client.CoreV1Api, name: str, labels: dict[str, str]) -> Iterator[str]:
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
+                           "metadata": {"name": name, "labels": labels}})
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name, propagation_policy="Background")

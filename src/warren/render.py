@@ -1,0 +1,88 @@
+"""Render every Kubernetes object of the platform from the one typed configuration.
+
+Templates live in manifests/ (shipped inside the wheel as warren/manifests). Ansible and
+Pulumi apply what this module renders, so both install paths produce the same objects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from warren.config import WarrenConfig
+
+# Apply order: what others depend on first (namespaces and the CRD before anything
+# namespaced or anything that names them; a policy before its binding).
+TEMPLATES = (
+    "namespaces.yaml.j2",
+    "warren.dev_sandboxes.yaml",
+    "rbac.yaml.j2",
+    "runtimeclass.yaml.j2",
+    "admission-sandbox-pods.yaml.j2",
+    "admission-floor-guard.yaml.j2",
+    "networkpolicy-egress-floor.yaml.j2",
+)
+
+Manifest = dict[str, Any]
+
+
+def templates_dir() -> Path:
+    """The templates: inside an installed wheel, or manifests/ at the repository top."""
+    packaged = Path(__file__).parent / "manifests"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "manifests"
+
+
+def _cel_list(items: tuple[str, ...] | list[str]) -> str:
+    """A CEL list literal of strings, safe inside a double-quoted YAML scalar."""
+    for item in items:
+        if "'" in item or '"' in item or "\\" in item:
+            raise ValueError(f"{item!r} cannot appear in an admission expression (quotes)")
+    return "[" + ", ".join(f"'{item}'" for item in items) + "]"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir()),
+        undefined=jinja2.StrictUndefined,  # a typo in a template fails, it does not render ""
+        keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701  # YAML, not HTML
+    )
+    env.filters["cel_list"] = _cel_list
+    return env
+
+
+def render_text(config: WarrenConfig) -> dict[str, str]:
+    """Each template rendered to YAML text, keyed by its output file name."""
+    env = _environment()
+    context = {"cluster": config.cluster, "isolation": config.isolation, "egress": config.egress}
+    return {
+        name.removesuffix(".j2"): env.get_template(name).render(**context) for name in TEMPLATES
+    }
+
+
+def render(config: WarrenConfig) -> list[Manifest]:
+    """Every object, in apply order."""
+    objects: list[Manifest] = []
+    for name, text in render_text(config).items():
+        for doc in yaml.safe_load_all(text):
+            if doc is None:
+                continue
+            if not isinstance(doc, dict) or "kind" not in doc:
+                raise ValueError(f"template {name} rendered a document that is not an object")
+            objects.append(doc)
+    return objects
+
+
+def write(config: WarrenConfig, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in render_text(config).items():
+        path = out_dir / name
+        path.write_text(text)
+        written.append(path)
+    return written
