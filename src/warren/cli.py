@@ -46,12 +46,16 @@ def _bin_dir(value: Path | None) -> Path:
 
 
 config_option = click.option(
-    "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
     help="Warren configuration (YAML); default: the embedded defaults.",
 )
 kubeconfig_option = click.option(
-    "--kubeconfig", type=click.Path(path_type=Path, dir_okay=False),
-    default=None, help="Cluster to use; default: the local cluster's admin kubeconfig.",
+    "--kubeconfig",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Cluster to use; default: the local cluster's admin kubeconfig.",
 )
 
 
@@ -77,7 +81,8 @@ def _local(config_path: Path | None, bin_dir: Path | None, need_bins: bool = Tru
 
 
 bin_dir_option = click.option(
-    "--bin-dir", type=click.Path(path_type=Path, file_okay=False),
+    "--bin-dir",
+    type=click.Path(path_type=Path, file_okay=False),
     help="Directory with etcd, kube-apiserver, ... (tools/build-cluster-binaries.sh prints it).",
 )
 
@@ -118,7 +123,10 @@ def cluster_status(config_path: Path | None) -> None:
     for row in rows:
         health = "[green]healthy[/green]" if row.healthy else "[red]down[/red]"
         table.add_row(row.name, str(row.pid or "-"), health, row.detail[:40], str(row.log))
-    Console().print(table)
+    out = Console()
+    if not out.is_terminal:  # logs and pipes get full lines, not a table squeezed to 80 columns
+        out = Console(width=200)
+    out.print(table)
     if not rows or not all(r.healthy for r in rows):
         sys.exit(1)
 
@@ -134,8 +142,14 @@ def cluster_kubeconfig() -> None:
 
 @main.command()
 @config_option
-@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("rendered"),
-              show_default=True, help="Directory to write the rendered YAML into.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("rendered"),
+    show_default=True,
+    help="Directory to write the rendered YAML into.",
+)
 def render(config_path: Path | None, out_dir: Path) -> None:
     """Render every Kubernetes object of the platform to YAML files."""
     from warren.render import write
@@ -167,13 +181,18 @@ def apply(config_path: Path | None, kubeconfig: Path | None, dry_run: bool) -> N
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
-@click.option("--kubeconfig", type=click.Path(path_type=Path, dir_okay=False, exists=True), required=True,
-              help="The cluster to prove.")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    required=True,
+    help="The cluster to prove.",
+)
 @click.option("--junitxml", type=click.Path(path_type=Path, dir_okay=False), help="Write JUnit XML here.")
 @config_option
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
-def conformance(kubeconfig: Path, junitxml: Path | None, config_path: Path | None,
-                pytest_args: tuple[str, ...]) -> None:
+def conformance(
+    kubeconfig: Path, junitxml: Path | None, config_path: Path | None, pytest_args: tuple[str, ...]
+) -> None:
     """Run the conformance suite against any cluster (extra arguments go to pytest)."""
     from warren.conformance.runner import run
 

@@ -60,9 +60,7 @@ def render_text(config: WarrenConfig) -> dict[str, str]:
     """Each template rendered to YAML text, keyed by its output file name."""
     env = _environment()
     context = {"cluster": config.cluster, "isolation": config.isolation, "egress": config.egress}
-    return {
-        name.removesuffix(".j2"): env.get_template(name).render(**context) for name in TEMPLATES
-    }
+    return {name.removesuffix(".j2"): env.get_template(name).render(**context) for name in TEMPLATES}
 
 
 def render(config: WarrenConfig) -> list[Manifest]:

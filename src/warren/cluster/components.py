@@ -67,22 +67,50 @@ def leaves(config: ClusterConfig, advertise: str) -> list[Leaf]:
         "localhost",
     )
     return [
-        Leaf("apiserver", "ca", "kube-apiserver", usages=(SERVER,), dns_names=api_names,
-             ips=tuple(dict.fromkeys(("127.0.0.1", advertise, config.service_ip)))),
-        Leaf("apiserver-kubelet-client", "ca", "kube-apiserver-kubelet-client",
-             organizations=("system:masters",)),
+        Leaf(
+            "apiserver",
+            "ca",
+            "kube-apiserver",
+            usages=(SERVER,),
+            dns_names=api_names,
+            ips=tuple(dict.fromkeys(("127.0.0.1", advertise, config.service_ip))),
+        ),
+        Leaf(
+            "apiserver-kubelet-client",
+            "ca",
+            "kube-apiserver-kubelet-client",
+            organizations=("system:masters",),
+        ),
         Leaf("apiserver-etcd-client", "etcd-ca", "kube-apiserver-etcd-client"),
-        Leaf("etcd-server", "etcd-ca", "etcd", usages=(SERVER, CLIENT),
-             dns_names=("localhost",), ips=("127.0.0.1",)),
+        Leaf(
+            "etcd-server",
+            "etcd-ca",
+            "etcd",
+            usages=(SERVER, CLIENT),
+            dns_names=("localhost",),
+            ips=("127.0.0.1",),
+        ),
         Leaf("front-proxy-client", "front-proxy-ca", "front-proxy-client"),
         # The admin belongs to warren:platform too, so the floor guard lets it manage the floor.
         Leaf("admin", "ca", "warren-admin", organizations=("system:masters", "warren:platform")),
         Leaf("controller-manager", "ca", "system:kube-controller-manager"),
-        Leaf("controller-manager-server", "ca", "kube-controller-manager", usages=(SERVER,),
-             dns_names=("localhost",), ips=("127.0.0.1",)),
+        Leaf(
+            "controller-manager-server",
+            "ca",
+            "kube-controller-manager",
+            usages=(SERVER,),
+            dns_names=("localhost",),
+            ips=("127.0.0.1",),
+        ),
         Leaf("scheduler", "ca", "system:kube-scheduler"),
-        Leaf("scheduler-server", "ca", "kube-scheduler", usages=(SERVER,),
-             dns_names=("localhost",), ips=("127.0.0.1",)),
+        Leaf(
+            "scheduler-server",
+            "ca",
+            "kube-scheduler",
+            usages=(SERVER,),
+            dns_names=("localhost",),
+            ips=("127.0.0.1",),
+        ),
     ]
 
 
@@ -135,7 +163,8 @@ def control_plane(config: ClusterConfig, layout: Layout, advertise: str) -> list
             "--authorization-mode=Node,RBAC",
             # The default admission plugins stay on; NodeRestriction is the one kubeadm adds.
             "--enable-admission-plugins=NodeRestriction",
-            "--allow-privileged=true",  # system pods (kube-proxy, CNI) need it; sandboxes are refused by policy
+            # System pods (kube-proxy, CNI) need privilege; sandbox pods are refused by policy.
+            "--allow-privileged=true",
             "--anonymous-auth=true",  # only /healthz, /livez, /readyz, /version via RBAC
             "--profiling=false",
             f"--requestheader-client-ca-file={layout.crt('front-proxy-ca')}",
@@ -192,6 +221,8 @@ def control_plane(config: ClusterConfig, layout: Layout, advertise: str) -> list
     return [
         Component(etcd, Health(f"http://127.0.0.1:{c.etcd_metrics_port}/health")),
         Component(apiserver, Health(f"https://127.0.0.1:{c.api_port}/readyz", ca=ca)),
-        Component(controller_manager, Health(f"https://127.0.0.1:{c.controller_manager_port}/healthz", ca=ca)),
+        Component(
+            controller_manager, Health(f"https://127.0.0.1:{c.controller_manager_port}/healthz", ca=ca)
+        ),
         Component(scheduler, Health(f"https://127.0.0.1:{c.scheduler_port}/healthz", ca=ca)),
     ]

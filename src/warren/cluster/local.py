@@ -66,19 +66,26 @@ class ComponentStatus:
 
 def primary_ipv4() -> str:
     """The address of the interface that carries the default route (read, nothing is sent)."""
-    routes = json.loads(subprocess.run(
-        ["ip", "-j", "-4", "route", "show", "default"], capture_output=True, text=True, check=True
-    ).stdout or "[]")
+    routes = json.loads(
+        subprocess.run(
+            ["ip", "-j", "-4", "route", "show", "default"], capture_output=True, text=True, check=True
+        ).stdout
+        or "[]"
+    )
     if not routes:
         raise ClusterError(
             "no default IPv4 route to pick an advertise address from: set cluster.advertise_address"
         )
     if routes[0].get("prefsrc"):
         return str(routes[0]["prefsrc"])
-    addrs = json.loads(subprocess.run(
-        ["ip", "-j", "-4", "addr", "show", "dev", routes[0]["dev"]],
-        capture_output=True, text=True, check=True,
-    ).stdout)
+    addrs = json.loads(
+        subprocess.run(
+            ["ip", "-j", "-4", "addr", "show", "dev", routes[0]["dev"]],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     for link in addrs:
         for info in link.get("addr_info", []):
             if info.get("family") == "inet":
@@ -162,11 +169,18 @@ class LocalCluster:
 
     def _write_kubeconfigs(self) -> None:
         server = f"https://127.0.0.1:{self.config.api_port}"
-        for user, cert in (("admin", "admin"), ("controller-manager", "controller-manager"),
-                           ("scheduler", "scheduler")):
+        for user, cert in (
+            ("admin", "admin"),
+            ("controller-manager", "controller-manager"),
+            ("scheduler", "scheduler"),
+        ):
             write_kubeconfig(
-                self.layout.kubeconfig(user), server, self.layout.crt("ca"),
-                self.layout.crt(cert), self.layout.key(cert), user=user,
+                self.layout.kubeconfig(user),
+                server,
+                self.layout.crt("ca"),
+                self.layout.crt(cert),
+                self.layout.key(cert),
+                user=user,
             )
 
     def _ensure_running(self, component: Component) -> None:
@@ -255,22 +269,31 @@ class LocalCluster:
                 healthy, detail = False, "not running"
             else:
                 healthy, detail = probe(component.health)
-            result.append(ComponentStatus(
-                component.name, record.pid if record else None, healthy, detail,
-                self.supervisor.log_path(component.name),
-            ))
+            result.append(
+                ComponentStatus(
+                    component.name,
+                    record.pid if record else None,
+                    healthy,
+                    detail,
+                    self.supervisor.log_path(component.name),
+                )
+            )
         return result
 
 
-def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str) -> None:
+def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, *, user: str) -> None:
     def b64(p: Path) -> str:
         return base64.b64encode(p.read_bytes()).decode()
 
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "warren", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}],
-        "users": [{"name": user, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
+        "clusters": [
+            {"name": "warren", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}
+        ],
+        "users": [
+            {"name": user, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}
+        ],
         "contexts": [{"name": f"{user}@warren", "context": {"cluster": "warren", "user": user}}],
         "current-context": f"{user}@warren",
     }

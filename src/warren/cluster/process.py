@@ -95,9 +95,7 @@ class Supervisor:
             )
         start = proc_start_time(child.pid)
         if start is None:
-            raise RuntimeError(
-                f"{spec.name} exited at once; see {self.log_path(spec.name)}"
-            )
+            raise RuntimeError(f"{spec.name} exited at once; see {self.log_path(spec.name)}")
         record = Record(pid=child.pid, start_time=start, digest=spec.digest)
         tmp = self.record_path(spec.name).with_suffix(".tmp")
         tmp.write_text(json.dumps(record.__dict__))

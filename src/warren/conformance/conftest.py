@@ -10,7 +10,8 @@ import pytest
 from kubernetes import client
 
 from warren.config import WarrenConfig, load_config
-from warren.conformance.kube import namespace, new_api, unique
+from warren.conformance.kube import namespace, unique
+from warren.kube import api_client
 
 SANDBOX_LABEL = {"warren.dev/sandbox": "true"}
 
@@ -30,7 +31,7 @@ def warren_config(request: pytest.FixtureRequest) -> WarrenConfig:
 
 @pytest.fixture(scope="session")
 def api(kubeconfig: Path) -> client.ApiClient:
-    return new_api(kubeconfig)
+    return api_client(kubeconfig)
 
 
 @pytest.fixture(scope="session")
@@ -59,7 +60,13 @@ def runc_class(api: client.ApiClient) -> Iterator[str]:
     RuntimeClass admission plugin's 'not found'."""
     node = client.NodeV1Api(api)
     name = unique("warren-conf-runc")
-    node.create_runtime_class({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                               "metadata": {"name": name}, "handler": "runc"})
+    node.create_runtime_class(
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": name},
+            "handler": "runc",
+        }
+    )
     yield name
     node.delete_runtime_class(name)

@@ -9,21 +9,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 Obj = dict[str, Any]
-
-
-def new_api(kubeconfig: Path, as_user: str | None = None) -> client.ApiClient:
-    """An API client; `as_user` impersonates an ordinary user (groups: system:authenticated)."""
-    api = config.new_client_from_config(config_file=str(kubeconfig))
-    if as_user:
-        api.set_default_header("Impersonate-User", as_user)
-    return api
 
 
 def unique(prefix: str) -> str:
@@ -101,9 +92,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 @contextmanager
 def namespace(core: client.CoreV1Api, name: str, labels: dict[str, str]) -> Iterator[str]:
-    core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
-                           "metadata": {"name": name, "labels": labels}})
+    core.create_namespace(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+    )
     try:
+        # Pods are admitted only once the namespace's default ServiceAccount exists.
+        wait_for(
+            lambda: refusal(lambda: core.read_namespaced_service_account("default", name)) is None,
+            timeout=60,
+            what=f"the default ServiceAccount of {name}",
+            interval=0.2,
+        )
         yield name
     finally:
         core.delete_namespace(name, propagation_policy="Background")

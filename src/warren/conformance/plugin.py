@@ -11,8 +11,12 @@ import pytest
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("warren")
     group.addoption("--kubeconfig", type=Path, help="kubeconfig of the cluster under test")
-    group.addoption("--warren-config", type=Path, default=None,
-                    help="the Warren configuration the cluster was installed with")
+    group.addoption(
+        "--warren-config",
+        type=Path,
+        default=None,
+        help="the Warren configuration the cluster was installed with",
+    )
 
 
 class _Summary:

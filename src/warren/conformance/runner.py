@@ -13,10 +13,14 @@ SUITE = Path(__file__).parent
 def run(kubeconfig: Path, junitxml: Path | None, config: Path | None, extra: list[str]) -> int:
     args = [
         str(SUITE),
-        "-p", "warren.conformance.plugin",
-        "-p", "no:cacheprovider",  # the suite may live in a read-only site-packages
-        "--rootdir", str(SUITE),
-        "-c", os.devnull,  # ignore whatever pytest configuration the current directory has
+        "-p",
+        "warren.conformance.plugin",
+        "-p",
+        "no:cacheprovider",  # the suite may live in a read-only site-packages
+        "--rootdir",
+        str(SUITE),
+        "-c",
+        os.devnull,  # ignore whatever pytest configuration the current directory has
         f"--kubeconfig={kubeconfig}",
         "-ra",
     ]

@@ -38,6 +38,7 @@ def _security(kind: str, **fields: object) -> Callable[[Obj], None]:
     def mutate(pod: Obj) -> None:
         for container in pod["spec"][kind]:
             container.setdefault("securityContext", {}).update(fields)
+
     return mutate
 
 
@@ -47,12 +48,14 @@ def _privileged(kind: str) -> Callable[[Obj], None]:
     def mutate(pod: Obj) -> None:
         for container in pod["spec"][kind]:
             container["securityContext"] = {"privileged": True}
+
     return mutate
 
 
 def _spec(**fields: object) -> Callable[[Obj], None]:
     def mutate(pod: Obj) -> None:
         pod["spec"].update(fields)
+
     return mutate
 
 
@@ -63,6 +66,7 @@ def _no_runtime_class(pod: Obj) -> None:
 def _host_port(kind: str) -> Callable[[Obj], None]:
     def mutate(pod: Obj) -> None:
         pod["spec"][kind][0]["ports"] = [{"containerPort": 8080, "hostPort": 8080}]
+
     return mutate
 
 
@@ -70,6 +74,7 @@ def _volume(volume: Obj) -> Callable[[Obj], None]:
     def mutate(pod: Obj) -> None:
         pod["spec"].setdefault("volumes", []).append(volume)
         pod["spec"]["containers"][0]["volumeMounts"] = [{"name": volume["name"], "mountPath": "/mnt/v"}]
+
     return mutate
 
 
@@ -77,6 +82,7 @@ def _no_escalation_field(kind: str) -> Callable[[Obj], None]:
     def mutate(pod: Obj) -> None:
         for container in pod["spec"][kind]:
             container["securityContext"].pop("allowPrivilegeEscalation", None)
+
     return mutate
 
 
@@ -98,38 +104,55 @@ POD_CASES = [
     Case("host-port-container", "host-port", _host_port("containers")),
     Case("host-port-init", "host-port", _host_port("initContainers")),
     Case("host-path", "host-path", _volume({"name": "host", "hostPath": {"path": "/"}})),
-    Case("host-path-socket", "host-path",
-         _volume({"name": "sock", "hostPath": {"path": "/run/containerd/containerd.sock"}})),
-    Case("inline-csi-other-driver", "csi-driver",
-         _volume({"name": "w", "csi": {"driver": "hostpath.csi.k8s.io"}})),
+    Case(
+        "host-path-socket",
+        "host-path",
+        _volume({"name": "sock", "hostPath": {"path": "/run/containerd/containerd.sock"}}),
+    ),
+    Case(
+        "inline-csi-other-driver",
+        "csi-driver",
+        _volume({"name": "w", "csi": {"driver": "hostpath.csi.k8s.io"}}),
+    ),
     Case("privileged-container", "privileged", _privileged("containers")),
     Case("privileged-init", "privileged", _privileged("initContainers")),
-    Case("escalation-container", "privilege-escalation",
-         _security("containers", allowPrivilegeEscalation=True)),
-    Case("escalation-init", "privilege-escalation",
-         _security("initContainers", allowPrivilegeEscalation=True)),
+    Case(
+        "escalation-container", "privilege-escalation", _security("containers", allowPrivilegeEscalation=True)
+    ),
+    Case(
+        "escalation-init", "privilege-escalation", _security("initContainers", allowPrivilegeEscalation=True)
+    ),
     Case("escalation-unset-container", "privilege-escalation", _no_escalation_field("containers")),
     Case("escalation-unset-init", "privilege-escalation", _no_escalation_field("initContainers")),
-    Case("capabilities-container", "capabilities",
-         _security("containers", capabilities={"add": ["SYS_ADMIN"]})),
-    Case("capabilities-init", "capabilities",
-         _security("initContainers", capabilities={"add": ["NET_ADMIN"]})),
-    Case("capabilities-net-raw", "capabilities",
-         _security("containers", capabilities={"add": ["NET_RAW"]})),
+    Case(
+        "capabilities-container", "capabilities", _security("containers", capabilities={"add": ["SYS_ADMIN"]})
+    ),
+    Case(
+        "capabilities-init", "capabilities", _security("initContainers", capabilities={"add": ["NET_ADMIN"]})
+    ),
+    Case("capabilities-net-raw", "capabilities", _security("containers", capabilities={"add": ["NET_RAW"]})),
     Case("token-automount-unset", "service-account-token", _no_automount),
     Case("token-automount-true", "service-account-token", _spec(automountServiceAccountToken=True)),
     Case("token-projected-volume", "service-account-token", _volume(TOKEN_VOLUME)),
 ]
 
 EPHEMERAL_CASES = [
-    Case("privileged-ephemeral", "privileged",
-         lambda c: c.update(securityContext={"privileged": True})),
-    Case("escalation-ephemeral", "privilege-escalation",
-         lambda c: c["securityContext"].update(allowPrivilegeEscalation=True)),
-    Case("escalation-unset-ephemeral", "privilege-escalation",
-         lambda c: c["securityContext"].pop("allowPrivilegeEscalation")),
-    Case("capabilities-ephemeral", "capabilities",
-         lambda c: c["securityContext"].update(capabilities={"add": ["SYS_PTRACE"]})),
+    Case("privileged-ephemeral", "privileged", lambda c: c.update(securityContext={"privileged": True})),
+    Case(
+        "escalation-ephemeral",
+        "privilege-escalation",
+        lambda c: c["securityContext"].update(allowPrivilegeEscalation=True),
+    ),
+    Case(
+        "escalation-unset-ephemeral",
+        "privilege-escalation",
+        lambda c: c["securityContext"].pop("allowPrivilegeEscalation"),
+    ),
+    Case(
+        "capabilities-ephemeral",
+        "capabilities",
+        lambda c: c["securityContext"].update(capabilities={"add": ["SYS_PTRACE"]}),
+    ),
 ]
 
 
@@ -156,8 +179,9 @@ def test_success_pod_with_init_container(core: client.CoreV1Api, sandbox_ns: str
 
 def test_success_workspace_csi_volume(core: client.CoreV1Api, sandbox_ns: str) -> None:
     pod = sandbox_pod(unique("ok-csi"))
-    _volume({"name": "workspace", "csi": {"driver": "blockd.warren.dev",
-                                          "volumeAttributes": {"workspace": "w1"}}})(pod)
+    _volume(
+        {"name": "workspace", "csi": {"driver": "blockd.warren.dev", "volumeAttributes": {"workspace": "w1"}}}
+    )(pod)
     assert refusal(lambda: core.create_namespaced_pod(sandbox_ns, pod, dry_run=DRY)) is None
 
 
@@ -179,8 +203,7 @@ def test_violation(core: client.CoreV1Api, sandbox_ns: str, case: Case) -> None:
 
 def test_violation_other_runtime_class(core: client.CoreV1Api, sandbox_ns: str, runc_class: str) -> None:
     pod = sandbox_pod(unique("bad-runc"), runtime_class=runc_class)
-    assert_refused(refusal(lambda: core.create_namespaced_pod(sandbox_ns, pod, dry_run=DRY)),
-                   "runtime-class")
+    assert_refused(refusal(lambda: core.create_namespaced_pod(sandbox_ns, pod, dry_run=DRY)), "runtime-class")
 
 
 def test_violation_fixing_one_rule_reveals_the_next(core: client.CoreV1Api, sandbox_ns: str) -> None:
@@ -189,11 +212,9 @@ def test_violation_fixing_one_rule_reveals_the_next(core: client.CoreV1Api, sand
     pod = sandbox_pod(unique("bad-many"))
     _no_runtime_class(pod)
     _spec(hostNetwork=True)(pod)
-    assert_refused(refusal(lambda: core.create_namespaced_pod(sandbox_ns, pod, dry_run=DRY)),
-                   "runtime-class")
+    assert_refused(refusal(lambda: core.create_namespaced_pod(sandbox_ns, pod, dry_run=DRY)), "runtime-class")
     pod["spec"]["runtimeClassName"] = "gvisor"
-    assert_refused(refusal(lambda: core.create_namespaced_pod(sandbox_ns, pod, dry_run=DRY)),
-                   "host-network")
+    assert_refused(refusal(lambda: core.create_namespaced_pod(sandbox_ns, pod, dry_run=DRY)), "host-network")
 
 
 # -- Ephemeral containers, through the pods/ephemeralcontainers subresource ------------------

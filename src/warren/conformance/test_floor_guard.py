@@ -15,7 +15,8 @@ import pytest
 from kubernetes import client
 
 from warren.config import WarrenConfig
-from warren.conformance.kube import new_api, refusal, sandbox_pod, unique
+from warren.conformance.kube import refusal, sandbox_pod, unique
+from warren.kube import api_client
 
 RBAC = "rbac.authorization.k8s.io"
 
@@ -24,39 +25,55 @@ RBAC = "rbac.authorization.k8s.io"
 def users(api: client.ApiClient, sandbox_ns: str) -> Iterator[dict[str, str]]:
     """Three impersonated users and the bindings that make them who they are."""
     rbac = client.RbacAuthorizationV1Api(api)
-    names = {"user": unique("conf-user"), "ns-admin": unique("conf-nsadmin"),
-             "over": unique("conf-overgranted")}
+    names = {
+        "user": unique("conf-user"),
+        "ns-admin": unique("conf-nsadmin"),
+        "over": unique("conf-overgranted"),
+    }
     bind = unique("warren-conf")
-    rbac.create_namespaced_role_binding(sandbox_ns, {
-        "metadata": {"name": f"{bind}-user"},
-        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "warren:sandbox-user"},
-        "subjects": [{"apiGroup": RBAC, "kind": "User", "name": names["user"]}],
-    })
-    rbac.create_namespaced_role_binding(sandbox_ns, {
-        "metadata": {"name": f"{bind}-admin"},
-        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "admin"},
-        "subjects": [{"apiGroup": RBAC, "kind": "User", "name": names["ns-admin"]}],
-    })
-    rbac.create_cluster_role({
-        "metadata": {"name": f"{bind}-over"},
-        "rules": [
-            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "update", "patch"]},
-            {"apiGroups": ["node.k8s.io"], "resources": ["runtimeclasses"],
-             "verbs": ["get", "create", "update", "patch", "delete"]},
-        ],
-    })
-    rbac.create_cluster_role_binding({
-        "metadata": {"name": f"{bind}-over"},
-        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": f"{bind}-over"},
-        "subjects": [{"apiGroup": RBAC, "kind": "User", "name": names["over"]}],
-    })
+    rbac.create_namespaced_role_binding(
+        sandbox_ns,
+        {
+            "metadata": {"name": f"{bind}-user"},
+            "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "warren:sandbox-user"},
+            "subjects": [{"apiGroup": RBAC, "kind": "User", "name": names["user"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        sandbox_ns,
+        {
+            "metadata": {"name": f"{bind}-admin"},
+            "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "admin"},
+            "subjects": [{"apiGroup": RBAC, "kind": "User", "name": names["ns-admin"]}],
+        },
+    )
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": f"{bind}-over"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "update", "patch"]},
+                {
+                    "apiGroups": ["node.k8s.io"],
+                    "resources": ["runtimeclasses"],
+                    "verbs": ["get", "create", "update", "patch", "delete"],
+                },
+            ],
+        }
+    )
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": f"{bind}-over"},
+            "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": f"{bind}-over"},
+            "subjects": [{"apiGroup": RBAC, "kind": "User", "name": names["over"]}],
+        }
+    )
     yield names
     rbac.delete_cluster_role_binding(f"{bind}-over")
     rbac.delete_cluster_role(f"{bind}-over")
 
 
 def _as(kubeconfig: Path, user: str) -> tuple[client.CoreV1Api, client.NodeV1Api]:
-    api = new_api(kubeconfig, as_user=user)
+    api = api_client(kubeconfig, as_user=user)
     return client.CoreV1Api(api), client.NodeV1Api(api)
 
 
@@ -65,16 +82,18 @@ RELABEL_FALSE = {"metadata": {"labels": {"warren.dev/sandbox": "false"}}}
 
 
 @pytest.mark.parametrize("who", ["user", "ns-admin"])
-def test_ordinary_user_cannot_unlabel_namespace(kubeconfig: Path, users: dict[str, str],
-                                                sandbox_ns: str, who: str) -> None:
+def test_ordinary_user_cannot_unlabel_namespace(
+    kubeconfig: Path, users: dict[str, str], sandbox_ns: str, who: str
+) -> None:
     core, _ = _as(kubeconfig, users[who])
     outcome = refusal(lambda: core.patch_namespace(sandbox_ns, UNLABEL))
     assert outcome is not None and outcome.status == 403, outcome
 
 
 @pytest.mark.parametrize("who", ["user", "ns-admin"])
-def test_ordinary_user_cannot_touch_runtime_classes(kubeconfig: Path, users: dict[str, str],
-                                                    warren_config: WarrenConfig, who: str) -> None:
+def test_ordinary_user_cannot_touch_runtime_classes(
+    kubeconfig: Path, users: dict[str, str], warren_config: WarrenConfig, who: str
+) -> None:
     _, node = _as(kubeconfig, users[who])
     rc = warren_config.isolation.runtime_class
     body = {"metadata": {"name": unique("conf-rc")}, "handler": "runc"}
@@ -94,18 +113,21 @@ def test_ordinary_user_pods_still_refused(kubeconfig: Path, users: dict[str, str
 
 
 @pytest.mark.parametrize("patch", [UNLABEL, RELABEL_FALSE], ids=["unlabel", "relabel-false"])
-def test_overgranted_user_cannot_unlabel_namespace(kubeconfig: Path, users: dict[str, str],
-                                                   sandbox_ns: str, patch: dict[str, object]) -> None:
+def test_overgranted_user_cannot_unlabel_namespace(
+    kubeconfig: Path, users: dict[str, str], sandbox_ns: str, patch: dict[str, object]
+) -> None:
     core, _ = _as(kubeconfig, users["over"])
     outcome = refusal(lambda: core.patch_namespace(sandbox_ns, patch))
     assert outcome is not None and "[warren:namespace-label]" in outcome.message, outcome
 
 
-def test_overgranted_user_cannot_weaken_pod_security(kubeconfig: Path, users: dict[str, str],
-                                                     api: client.ApiClient, sandbox_ns: str) -> None:
+def test_overgranted_user_cannot_weaken_pod_security(
+    kubeconfig: Path, users: dict[str, str], api: client.ApiClient, sandbox_ns: str
+) -> None:
     # The platform (the suite's own admin identity) sets a Pod Security label first.
     client.CoreV1Api(api).patch_namespace(
-        sandbox_ns, {"metadata": {"labels": {"pod-security.kubernetes.io/audit": "restricted"}}})
+        sandbox_ns, {"metadata": {"labels": {"pod-security.kubernetes.io/audit": "restricted"}}}
+    )
     core, _ = _as(kubeconfig, users["over"])
     for value in (None, "privileged"):
         patch = {"metadata": {"labels": {"pod-security.kubernetes.io/audit": value}}}
@@ -113,8 +135,9 @@ def test_overgranted_user_cannot_weaken_pod_security(kubeconfig: Path, users: di
         assert outcome is not None and "[warren:namespace-label]" in outcome.message, outcome
 
 
-def test_overgranted_user_may_edit_unrelated_labels(kubeconfig: Path, users: dict[str, str],
-                                                    sandbox_ns: str) -> None:
+def test_overgranted_user_may_edit_unrelated_labels(
+    kubeconfig: Path, users: dict[str, str], sandbox_ns: str
+) -> None:
     """The guard is precise: it refuses weakening the floor, not every namespace edit."""
     core, _ = _as(kubeconfig, users["over"])
     assert refusal(lambda: core.patch_namespace(sandbox_ns, {"metadata": {"labels": {"team": "a"}}})) is None
@@ -133,8 +156,9 @@ def test_overgranted_user_cannot_replace_gvisor_runtime_class(
         assert outcome is not None and "[warren:runtime-class-guard]" in outcome.message, outcome
 
 
-def test_namespace_and_runtime_class_intact(core: client.CoreV1Api, api: client.ApiClient,
-                                            sandbox_ns: str, warren_config: WarrenConfig) -> None:
+def test_namespace_and_runtime_class_intact(
+    core: client.CoreV1Api, api: client.ApiClient, sandbox_ns: str, warren_config: WarrenConfig
+) -> None:
     labels = core.read_namespace(sandbox_ns).metadata.labels
     assert labels["warren.dev/sandbox"] == "true"
     rc = client.NodeV1Api(api).read_runtime_class(warren_config.isolation.runtime_class)

@@ -28,17 +28,25 @@ def test_policies_fail_closed_and_bound(api: client.ApiClient) -> None:
 
 def test_sandbox_binding_selects_sandbox_label(api: client.ApiClient) -> None:
     binding = client.AdmissionregistrationV1Api(api).read_validating_admission_policy_binding(
-        "warren-sandbox-pods")
+        "warren-sandbox-pods"
+    )
     selector = binding.spec.match_resources.namespace_selector
     assert selector.match_labels == {"warren.dev/sandbox": "true"}
 
 
-def test_egress_network_policy_in_sandbox_namespaces(api: client.ApiClient, warren_config: WarrenConfig) -> None:
+def test_egress_network_policy_in_sandbox_namespaces(
+    api: client.ApiClient, warren_config: WarrenConfig
+) -> None:
     net = client.NetworkingV1Api(api)
     for ns in warren_config.isolation.sandbox_namespaces:
         policy = net.read_namespaced_network_policy("warren-egress-floor", ns)
         assert policy.spec.policy_types == ["Egress"]
-        excepted = {e for rule in policy.spec.egress for peer in rule.to or []
-                    if peer.ip_block for e in peer.ip_block._except or []}
+        excepted = {
+            e
+            for rule in policy.spec.egress
+            for peer in rule.to or []
+            if peer.ip_block
+            for e in peer.ip_block._except or []
+        }
         for cidr in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"):
             assert cidr in excepted, cidr

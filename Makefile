@@ -1,0 +1,47 @@
+# Warren: the two commands a fresh machine needs are `make deploy` and `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export WARREN_CACHE ?= $(HOME)/.cache/warren
+
+.PHONY: deploy down test lint unit cluster-test binaries venv clean
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+## Build (or reuse from $(WARREN_CACHE)) etcd, Kubernetes and kwok from the pins in tools/.
+binaries:
+	tools/build-cluster-binaries.sh
+
+## The main job: the local cluster with the isolation floor applied.
+deploy: venv
+	bin_dir=$$(tools/build-cluster-binaries.sh); \
+	$(BIN)/warren cluster up --bin-dir "$$bin_dir"; \
+	$(BIN)/warren apply; \
+	echo "kubeconfig: $$($(BIN)/warren cluster kubeconfig)"; \
+	echo "kubectl:    $$bin_dir/kubectl"
+
+down: venv
+	$(BIN)/warren cluster down
+
+## Every test tier CI runs: lint, unit, cluster (conformance against a real API server).
+test: lint unit cluster-test
+
+lint: venv
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest tests/unit
+
+cluster-test: venv
+	tests/cluster/run.sh
+
+clean:
+	rm -rf $(VENV) test-results rendered

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The cluster tier: build (or reuse) the pinned binaries, bring a throw-away local cluster
+# up on its own ports and state directory, apply the floor, run the conformance suite and
+# the lifecycle tests, and take the cluster down again, also when something fails.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+venv=$PWD/.venv/bin
+bin_dir=$(tools/build-cluster-binaries.sh)
+export WARREN_BIN_DIR=$bin_dir PATH=$bin_dir:$PATH
+WARREN_HOME=$(mktemp -d "${TMPDIR:-/tmp}/warren-cluster-tier.XXXXXX")
+export WARREN_HOME
+export WARREN_TEST_CONFIG=$PWD/tests/cluster/warren-test.yaml
+results=$PWD/test-results
+mkdir -p "$results"
+
+cleanup() {
+  "$venv/warren" cluster down --wipe --config "$WARREN_TEST_CONFIG" || true
+  rm -rf "$WARREN_HOME"
+}
+trap cleanup EXIT
+
+"$venv/warren" cluster up --config "$WARREN_TEST_CONFIG"
+"$venv/warren" apply --config "$WARREN_TEST_CONFIG"
+"$venv/warren" conformance --kubeconfig "$("$venv/warren" cluster kubeconfig)" \
+  --config "$WARREN_TEST_CONFIG" --junitxml "$results/conformance.xml"
+"$venv/pytest" -m cluster tests/cluster --junitxml "$results/cluster.xml"

@@ -1,0 +1,175 @@
+"""The local cluster's lifecycle, against the cluster tests/cluster/run.sh brought up:
+readiness, idempotent up and apply, status, a configuration change restarting only what
+changed, down stopping exactly our processes, and wipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.cluster
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+@pytest.fixture(scope="module")
+def env() -> dict[str, str]:
+    missing = [k for k in ("WARREN_HOME", "WARREN_BIN_DIR", "WARREN_TEST_CONFIG") if k not in os.environ]
+    if missing:
+        pytest.fail(f"run the cluster tier through tests/cluster/run.sh (missing {', '.join(missing)})")
+    return dict(os.environ)
+
+
+def warren(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    cmd = [str(Path(sys.executable).parent / "warren"), *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def kubectl(kubeconfig: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", kubeconfig, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(env: dict[str, str]) -> str:
+    return warren("cluster", "kubeconfig").stdout.strip()
+
+
+def pids(env: dict[str, str]) -> dict[str, int]:
+    run = Path(env["WARREN_HOME"]) / "cluster" / "run"
+    return {p.stem: json.loads(p.read_text())["pid"] for p in run.glob("*.json")}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+
+
+def test_kubeconfig_is_under_warren_home(env: dict[str, str], kubeconfig: str) -> None:
+    assert kubeconfig == str(Path(env["WARREN_HOME"]) / "cluster" / "admin.kubeconfig")
+
+
+def test_readyz_through_kubectl(kubeconfig: str) -> None:
+    result = kubectl(kubeconfig, "get", "--raw", "/readyz")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_server_dry_run_without_runtime_class_is_refused(kubeconfig: str) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "no-runtime-class", "namespace": "warren-sandboxes"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    result = kubectl(kubeconfig, "create", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(pod))
+    assert result.returncode != 0
+    assert "[warren:runtime-class]" in result.stderr
+    assert "runtimeClassName: gvisor" in result.stderr
+
+
+def test_status_reports_every_component_healthy(env: dict[str, str]) -> None:
+    result = warren("cluster", "status", "--config", env["WARREN_TEST_CONFIG"])
+    for name in COMPONENTS:
+        assert name in result.stdout
+    assert result.stdout.count("healthy") == len(COMPONENTS)
+
+
+def test_up_again_changes_nothing(env: dict[str, str]) -> None:
+    before = pids(env)
+    assert set(before) == set(COMPONENTS)
+    result = warren("cluster", "up", "--config", env["WARREN_TEST_CONFIG"])
+    assert pids(env) == before
+    assert result.stderr.count("running (pid") == len(COMPONENTS)
+
+
+def test_apply_again_changes_nothing(env: dict[str, str], kubeconfig: str) -> None:
+    """A second apply leaves every object's spec as it was (its generation does not move).
+    resourceVersion is no measure here: the API server rewrites managedFields once after
+    a status writer has touched an object, without changing its content."""
+
+    def generations() -> str:
+        kinds = (
+            "validatingadmissionpolicies,validatingadmissionpolicybindings,crd,networkpolicies,runtimeclasses"
+        )
+        result = kubectl(
+            kubeconfig,
+            "get",
+            kinds,
+            "-A",
+            "-l",
+            "app.kubernetes.io/part-of=warren",
+            "-o",
+            "jsonpath={range .items[*]}{.kind}/{.metadata.name}={.metadata.generation} {end}",
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    before = generations()
+    assert "ValidatingAdmissionPolicy/warren-sandbox-pods=" in before
+    warren("apply", "--config", env["WARREN_TEST_CONFIG"], "--kubeconfig", kubeconfig)
+    assert generations() == before
+
+
+@pytest.fixture
+def changed_config(env: dict[str, str], tmp_path: Path) -> Iterator[Path]:
+    config = yaml.safe_load(Path(env["WARREN_TEST_CONFIG"]).read_text())
+    config["cluster"]["scheduler_port"] = 20269
+    path = tmp_path / "changed.yaml"
+    path.write_text(yaml.safe_dump(config))
+    yield path
+    warren("cluster", "up", "--config", env["WARREN_TEST_CONFIG"])  # back to the original
+
+
+def test_changed_setting_restarts_only_that_component(env: dict[str, str], changed_config: Path) -> None:
+    before = pids(env)
+    warren("cluster", "up", "--config", str(changed_config))
+    after = pids(env)
+    assert after["kube-scheduler"] != before["kube-scheduler"]
+    assert not alive(before["kube-scheduler"])
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager"):
+        assert after[name] == before[name], name
+
+
+def test_down_stops_exactly_our_processes_and_keeps_state(env: dict[str, str], kubeconfig: str) -> None:
+    decoy = subprocess.Popen(["sleep", "300"])  # a process `down` must not touch
+    try:
+        before = pids(env)
+        warren("cluster", "down", "--config", env["WARREN_TEST_CONFIG"])
+        assert not any(alive(pid) for pid in before.values())
+        assert pids(env) == {}
+        assert decoy.poll() is None
+        assert (Path(env["WARREN_HOME"]) / "cluster" / "etcd").is_dir()
+        # Up again on the kept state: what was applied before is still there.
+        warren("cluster", "up", "--config", env["WARREN_TEST_CONFIG"])
+        result = kubectl(kubeconfig, "get", "namespace", "warren-sandboxes-b", "-o", "name")
+        assert result.stdout.strip() == "namespace/warren-sandboxes-b", result.stderr
+    finally:
+        decoy.kill()
+        decoy.wait()
+
+
+def test_down_wipe_removes_state(env: dict[str, str]) -> None:
+    state = Path(env["WARREN_HOME"]) / "cluster"
+    running = pids(env)
+    warren("cluster", "down", "--wipe", "--config", env["WARREN_TEST_CONFIG"])
+    assert not state.exists()
+    assert not any(alive(pid) for pid in running.values())

@@ -1,0 +1,79 @@
+from pathlib import Path
+
+import pytest
+
+from warren.config import ConfigError, WarrenConfig, load_config, parse_config
+
+
+def test_defaults_are_valid() -> None:
+    config = WarrenConfig()
+    assert config.isolation.runtime_class == "gvisor"
+    assert config.isolation.runtime_handler == "runsc"
+    assert config.isolation.sandbox_namespaces == ("warren-sandboxes",)
+    assert config.cluster.service_ip == "10.96.0.1"
+
+
+def test_bad_choice_names_key_and_allowed_values() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"isolation": {"pod_security_level": "strict"}})
+    text = str(err.value)
+    assert "isolation.pod_security_level" in text
+    assert "'baseline'" in text and "'restricted'" in text
+    assert "'strict'" in text
+
+
+def test_unknown_key_is_refused_not_ignored() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"isolation": {"runtime_clas": "gvisor"}})
+    assert "isolation.runtime_clas: unknown key" in str(err.value)
+
+
+@pytest.mark.parametrize("cidr", ["10.0.0.1/8", "not-a-net", "10.0.0.0/33"])
+def test_bad_cidr(cidr: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"cluster": {"service_cidr": cidr}})
+    assert "cluster.service_cidr" in str(err.value)
+    assert "CIDR" in str(err.value)
+
+
+def test_bad_port_and_namespace_reported_together() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"cluster": {"api_port": 70000}, "isolation": {"extra_namespaces": ["Bad_NS"]}})
+    text = str(err.value)
+    assert "cluster.api_port" in text
+    assert "isolation.extra_namespaces" in text and "DNS label" in text
+
+
+def test_platform_groups_cannot_be_empty() -> None:
+    with pytest.raises(ConfigError, match=r"isolation\.platform_groups"):
+        parse_config({"isolation": {"platform_groups": []}})
+
+
+def test_load_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "warren.yaml"
+    path.write_text("isolation:\n  extra_namespaces: [team-a]\n")
+    config = load_config(path)
+    assert config.isolation.sandbox_namespaces == ("warren-sandboxes", "team-a")
+
+
+def test_load_config_errors_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "warren.yaml"
+    path.write_text("isolation: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load_config(path)
+    path.write_text("cluster:\n  api_port: zero\n")
+    with pytest.raises(ConfigError, match=str(path)):
+        load_config(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_egress_blocked_split_by_family() -> None:
+    config = parse_config({"egress": {"extra_blocked_cidrs": ["203.0.113.7/32"]}})
+    v4 = config.egress.blocked(4)
+    assert "10.0.0.0/8" in v4 and "203.0.113.7/32" in v4
+    assert all(":" not in c for c in v4)
+    assert "fc00::/7" in config.egress.blocked(6)

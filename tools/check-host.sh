@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install (as root, through apt) the few host tools the build and tests call, and check
+# the toolchains the project cannot install by itself.
+set -euo pipefail
+need=()
+command -v ip >/dev/null || need+=(iproute2)
+command -v make >/dev/null || need+=(make)
+command -v sha256sum >/dev/null || need+=(coreutils)
+if ((${#need[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "missing host packages: ${need[*]} (install them, or run as root)" >&2
+    exit 1
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
+go_version=$(go env GOVERSION 2>/dev/null || true)
+if [[ ! $go_version =~ ^go1\.(2[6-9]|[3-9][0-9]) ]]; then
+  echo "Go 1.26 or newer is needed to build the cluster binaries (found: ${go_version:-none})." >&2
+  echo "Install it, or export GOTOOLCHAIN=go1.26.8 to let the go command fetch it." >&2
+  exit 1
+fi
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "Python 3.11 or newer is needed (found: $(python3 --version 2>&1))." >&2
+  exit 1
+}
