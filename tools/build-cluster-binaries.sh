@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the local cluster's binaries (etcd, Kubernetes, kwok) from the pinned
-# wrapper modules in tools/ into a cache directory keyed by those pins.
+# Build the local cluster's binaries (etcd, Kubernetes, kwok, gVisor, CoreDNS, crictl)
+# from the pinned wrapper modules in tools/ into a cache directory keyed by those pins.
 #
 #   tools/build-cluster-binaries.sh          build if needed, print the bin dir
 #
@@ -17,9 +17,10 @@ cache=${WARREN_CACHE:-$HOME/.cache/warren}
 export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS=-mod=mod
 export CGO_ENABLED=0 GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
-key=$( { go env GOVERSION; cat "$here"/build-cluster-binaries.sh \
-          "$here"/kubernetes/go.{mod,sum} "$here"/etcd/go.{mod,sum} \
-          "$here"/kwok/go.{mod,sum}; } | sha256sum | cut -c1-16)
+modules=(kubernetes etcd kwok gvisor coredns cri-tools)
+key=$( { go env GOVERSION; cat "$here"/build-cluster-binaries.sh;
+         for m in "${modules[@]}"; do cat "$here/$m/go.mod" "$here/$m/go.sum"; done; } \
+       | sha256sum | cut -c1-16)
 out=$cache/bin/$key
 if [[ -f $out/SHA256SUMS ]] && (cd "$out" && sha256sum --quiet -c SHA256SUMS); then
   echo "$out"
@@ -37,6 +38,9 @@ start=$SECONDS
 k8s=$(version_of kubernetes k8s.io/kubernetes)
 etcd=$(version_of etcd go.etcd.io/etcd/server/v3)
 kwok=$(version_of kwok sigs.k8s.io/kwok)
+gvisor=$(version_of gvisor gvisor.dev/gvisor)
+coredns=$(version_of coredns github.com/coredns/coredns)
+critools=$(version_of cri-tools sigs.k8s.io/cri-tools)
 minor=${k8s#v1.}; minor=${minor%%.*}
 build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
@@ -47,6 +51,21 @@ log "etcd $etcd"
 log "kwok $kwok"
 (cd "$here/kwok" && go build -trimpath -o "$tmp/kwok" \
   -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${kwok#v}" sigs.k8s.io/kwok/cmd/kwok)
+
+# runsc and its containerd shim must come from the same gVisor commit.
+log "gvisor $gvisor"
+(cd "$here/gvisor" && go build -trimpath -o "$tmp/runsc" \
+  -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$gvisor" gvisor.dev/gvisor/runsc)
+(cd "$here/gvisor" && go build -trimpath -o "$tmp/containerd-shim-runsc-v1" \
+  -ldflags "-s -w" gvisor.dev/gvisor/shim)
+
+log "coredns $coredns"
+(cd "$here/coredns" && go build -trimpath -o "$tmp/coredns" \
+  -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$coredns" github.com/coredns/coredns)
+
+log "crictl $critools"
+(cd "$here/cri-tools" && go build -trimpath -o "$tmp/crictl" \
+  -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$critools" sigs.k8s.io/cri-tools/cmd/crictl)
 
 # One `go build` for all Kubernetes commands so shared packages compile once.
 log "kubernetes $k8s (the long part: 20-40 minutes on 2 cores when cold)"
@@ -61,8 +80,8 @@ done
   k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl)
 
 (cd "$tmp" && sha256sum -- * > ../SHA256SUMS.tmp) && mv "$tmp/../SHA256SUMS.tmp" "$tmp/SHA256SUMS"
-printf 'kubernetes=%s\netcd=%s\nkwok=%s\nbuilt=%s\nseconds=%s\n' \
-  "$k8s" "$etcd" "$kwok" "$build_date" "$((SECONDS - start))" > "$tmp/PINS"
+printf 'kubernetes=%s\netcd=%s\nkwok=%s\ngvisor=%s\ncoredns=%s\ncri-tools=%s\nbuilt=%s\nseconds=%s\n' \
+  "$k8s" "$etcd" "$kwok" "$gvisor" "$coredns" "$critools" "$build_date" "$((SECONDS - start))" > "$tmp/PINS"
 rm -rf "$out" && mv "$tmp" "$out"
 log "done in $((SECONDS - start)) s"
 echo "$out"

@@ -77,7 +77,10 @@ def _local(config_path: Path | None, bin_dir: Path | None, need_bins: bool = Tru
     cfg = _config(config_path)
     # down and status never start a binary, so they work without knowing where they are.
     bins = _bin_dir(bin_dir) if need_bins else Path(os.environ.get("WARREN_BIN_DIR", "."))
-    return LocalCluster(cfg.cluster, paths.cluster_state_dir(), bins, progress=_say)
+    from warren.node.provider import LocalNode
+
+    nodes = [LocalNode(progress=_say)] if cfg.cluster.node.enabled else []
+    return LocalCluster(cfg.cluster, paths.cluster_state_dir(), bins, nodes=nodes, progress=_say)
 
 
 bin_dir_option = click.option(

@@ -48,6 +48,27 @@ def _cidr(value: str) -> str:
         raise ValueError(f"{value!r} is not a network in CIDR form, e.g. 10.96.0.0/16 ({exc})") from exc
 
 
+class NodeConfig(_Model):
+    """The local cluster's node: containerd, gVisor, kubelet, kube-proxy and cluster DNS."""
+
+    enabled: bool = False  # turned on once the node tier passes in CI
+    name: str | None = Field(default=None, description="Node name; default: the host name.")
+    kubelet_port: Port = 10250
+    kubelet_healthz_port: Port = 10248
+    kube_proxy_healthz_port: Port = 10256
+    kube_proxy_metrics_port: Port = 10249
+    # kvm on bare metal with a working /dev/kvm; systrap in VMs; ptrace on old kernels.
+    runsc_platform: Literal["auto", "systrap", "ptrace", "kvm"] = "auto"
+    bridge: str = "warren0"
+
+    @field_validator("name")
+    @classmethod
+    def _node_name(cls, value: str | None) -> str | None:
+        if value is not None and not DNS_LABEL.match(value):
+            raise ValueError(f"{value!r} is not a DNS label (lowercase letters, digits, '-')")
+        return value
+
+
 class ClusterConfig(_Model):
     """The local single-node cluster that `warren cluster up` runs."""
 
@@ -82,10 +103,24 @@ class ClusterConfig(_Model):
             raise ValueError(f"{value!r} is not an IP address") from exc
         return value
 
+    node: NodeConfig = Field(default_factory=NodeConfig)
+
     @property
     def service_ip(self) -> str:
         """The `kubernetes` Service's cluster IP: the first address of the service range."""
         return str(next(ipaddress.ip_network(self.service_cidr).hosts()))
+
+    @property
+    def dns_ip(self) -> str:
+        """Cluster DNS's Service IP: the tenth address of the service range, as kubeadm does."""
+        return str(ipaddress.ip_network(self.service_cidr)[10])
+
+    @property
+    def node_pod_cidr(self) -> str:
+        """The node's pod range: the first /24 of the pod range (what the controller
+        manager allocates to the first node)."""
+        network = ipaddress.ip_network(self.pod_cidr)
+        return str(next(network.subnets(new_prefix=max(24, network.prefixlen))))
 
 
 class IsolationConfig(_Model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,17 +13,22 @@ from warren.config import ClusterConfig
 
 @dataclass(frozen=True)
 class Health:
-    """An HTTP(S) endpoint that answers 200 when the component is healthy."""
+    """How to tell a component is healthy: an HTTP(S) endpoint that answers 200, or a
+    command that exits 0 (for daemons that speak only gRPC on a unix socket)."""
 
-    url: str
+    url: str = ""
     ca: Path | None = None
     client_cert: tuple[Path, Path] | None = None
+    command: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Component:
     spec: ProcessSpec
     health: Health
+    # Runs after the component is healthy, on every `up` (must be idempotent): e.g. import
+    # images into containerd before the kubelet starts pods.
+    after_healthy: Callable[[], None] | None = None
 
     @property
     def name(self) -> str:

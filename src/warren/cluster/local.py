@@ -24,7 +24,7 @@ from typing import Protocol
 import yaml
 
 from warren.cluster.components import Component, Health, Layout, control_plane, leaves
-from warren.cluster.pki import Pki
+from warren.cluster.pki import Leaf, Pki
 from warren.cluster.process import Supervisor
 from warren.config import ClusterConfig
 
@@ -44,13 +44,19 @@ class ClusterContext:
 
 
 class NodeProvider(Protocol):
-    """A node joining the local cluster (the node-runtime work provides one)."""
+    """A node joining the local cluster: certificates it needs, host state it prepares,
+    components that start after the control plane, work once all is up, and a teardown
+    that removes every piece of host state it made."""
 
     name: str
 
-    def components(self, ctx: ClusterContext) -> Sequence[Component]: ...
+    def leaves(self, ctx: ClusterContext) -> Sequence[Leaf]: ...
 
     def prepare(self, ctx: ClusterContext) -> None: ...
+
+    def components(self, ctx: ClusterContext) -> Sequence[Component]: ...
+
+    def after_up(self, ctx: ClusterContext) -> None: ...
 
     def teardown(self, ctx: ClusterContext, wipe: bool) -> None: ...
 
@@ -94,7 +100,16 @@ def primary_ipv4() -> str:
 
 
 def probe(health: Health, timeout: float = 3.0) -> tuple[bool, str]:
-    """GET the health endpoint: (healthy, short detail)."""
+    """Check a component's health: (healthy, short detail)."""
+    if health.command:
+        try:
+            result = subprocess.run(
+                health.command, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return False, str(exc)
+        lines = (result.stdout or result.stderr).strip().splitlines()
+        return result.returncode == 0, lines[-1] if lines else f"exit {result.returncode}"
     context = None
     if health.url.startswith("https://"):
         context = ssl.create_default_context(cafile=str(health.ca) if health.ca else None)
@@ -148,20 +163,25 @@ class LocalCluster:
         state = self.layout.state_dir
         state.mkdir(parents=True, exist_ok=True, mode=0o700)
         (state / STATE_MARKER).touch()
-        self._ensure_pki(ctx.advertise_address)
+        self._ensure_pki(ctx)
         self._write_kubeconfigs()
         for node in self.nodes:
             node.prepare(ctx)
         for component in self._components(ctx):
             self._ensure_running(component)
+        for node in self.nodes:
+            node.after_up(ctx)
         self.progress(f"cluster ready; admin kubeconfig: {self.kubeconfig}")
 
-    def _ensure_pki(self, advertise: str) -> None:
+    def _ensure_pki(self, ctx: ClusterContext) -> None:
         pki = Pki(self.layout.pki)
         pki.ensure_ca("ca", "warren-ca")
         pki.ensure_ca("etcd-ca", "warren-etcd-ca")
         pki.ensure_ca("front-proxy-ca", "warren-front-proxy-ca")
-        for leaf in leaves(self.config, advertise):
+        wanted = leaves(self.config, ctx.advertise_address)
+        for node in self.nodes:
+            wanted.extend(node.leaves(ctx))
+        for leaf in wanted:
             pki.ensure_leaf(leaf)
         pki.ensure_keypair("sa")
         if pki.issued:
@@ -190,6 +210,8 @@ class LocalCluster:
             healthy, _ = probe(component.health)
             if healthy:
                 self.progress(f"{component.name}: running (pid {record.pid})")
+                if component.after_healthy:
+                    component.after_healthy()
                 return
         binary = Path(component.spec.argv[0])
         if not binary.is_file():
@@ -216,6 +238,8 @@ class LocalCluster:
             healthy, detail = probe(component.health)
             if healthy:
                 self.progress(f"{component.name}: healthy")
+                if component.after_healthy:
+                    component.after_healthy()
                 return
             time.sleep(0.5)
         raise ClusterError(
@@ -255,6 +279,11 @@ class LocalCluster:
             return
         if not (state / STATE_MARKER).exists():
             raise ClusterError(f"refusing to wipe {state}: it does not look like a Warren cluster state")
+        # Deleting through a live mount would delete what is mounted (a pod's host path,
+        # an overlay's lower layer): refuse while anything under the state is mounted.
+        mounted = mounts_under(state)
+        if mounted:
+            raise ClusterError(f"refusing to wipe {state}: still mounted: {', '.join(mounted[:5])}")
         shutil.rmtree(state)
         self.progress(f"wiped {state}")
 
@@ -304,6 +333,17 @@ def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, *
     tmp.touch(mode=0o600)
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def mounts_under(root: Path) -> list[str]:
+    """Mount points at or below `root`, deepest first (the order to unmount them in)."""
+    prefix = str(root.resolve())
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == prefix or point.startswith(prefix + "/"):
+            found.append(point)
+    return sorted(set(found), key=lambda p: p.count("/"), reverse=True)
 
 
 def tail(path: Path, lines: int = 15) -> str:

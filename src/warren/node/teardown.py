@@ -1,0 +1,93 @@
+"""Take the node down and leave the host as it was: no container, mount, network
+namespace, bridge or nftables table of ours remains."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from warren.cluster.local import ClusterContext, mounts_under
+from warren.node.layout import CNI_STATE_DIR, NETWORK_NAME, NodeLayout
+
+SHIMS = ("containerd-shim-runc-v2", "containerd-shim-runsc-v1")
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+
+def run(ctx: ClusterContext, layout: NodeLayout, progress: Callable[[str], None]) -> None:
+    sup = ctx.supervisor
+    # The kubelet first, so it does not start again what is being removed.
+    for name in ("kubelet", "kube-proxy"):
+        if sup.stop(name):
+            progress(f"{name}: stopped")
+    if sup.running("containerd") is not None:
+        crictl = str(ctx.layout.bin_dir / "crictl")
+        # Stopping and removing every pod sandbox runs CNI DEL: addresses and network
+        # namespaces are released the way they were taken.
+        result = _run(
+            crictl, "--runtime-endpoint", layout.endpoint, "--timeout", "60s", "rmp", "--all", "--force"
+        )
+        if result.returncode == 0:
+            progress("removed every pod from containerd")
+        else:
+            progress(f"crictl rmp failed ({result.stderr.strip()[:200]}); cleaning up by hand")
+    if sup.stop("containerd"):
+        progress("containerd: stopped")
+    _kill_orphan_shims(layout)
+    _unmount(layout.root)
+    _remove_network(ctx, layout, progress)
+
+
+def _kill_orphan_shims(layout: NodeLayout) -> None:
+    """Shims (and the sandboxes under them) that outlived containerd: ours name our
+    containerd socket on their command line."""
+    marker = str(layout.containerd_socket).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        argv0 = Path(cmdline.split(b"\0", 1)[0].decode(errors="replace")).name
+        if argv0 in SHIMS and marker in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(proc.name), signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
+def _unmount(root: Path) -> None:
+    for point in mounts_under(root):
+        if _run("umount", point).returncode != 0:
+            _run("umount", "-l", point)
+
+
+def _remove_network(ctx: ClusterContext, layout: NodeLayout, progress: Callable[[str], None]) -> None:
+    bridge = ctx.config.node.bridge
+    if _run("ip", "link", "show", bridge).returncode == 0:
+        _run("ip", "link", "delete", bridge)
+        progress(f"removed bridge {bridge}")
+    # Network namespaces the CNI made for our pods that nothing uses any more.
+    for entry in json.loads(_run("ip", "-j", "netns", "list").stdout or "[]"):
+        name = entry.get("name", "")
+        if name.startswith("cni-") and not _run("ip", "netns", "pids", name).stdout.strip():
+            _run("ip", "netns", "delete", name)
+    proxy = ctx.layout.bin_dir / "kube-proxy"
+    if proxy.exists():
+        _run(str(proxy), "--cleanup", f"--config={layout.kube_proxy_config}")
+    for family in ("ip", "ip6"):
+        if _run("nft", "list", "table", family, "kube-proxy").returncode == 0:
+            _run("nft", "delete", "table", family, "kube-proxy")
+    ipam = CNI_STATE_DIR / NETWORK_NAME
+    if ipam.is_dir():
+        for lease in ipam.iterdir():
+            lease.unlink()
+        ipam.rmdir()
