@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the local cluster's binaries (etcd, Kubernetes, kwok, gVisor, CoreDNS, crictl)
+# Build the local cluster's binaries (etcd, Kubernetes, kwok, gVisor, CoreDNS, crictl,
+# containerd)
 # from the pinned wrapper modules in tools/ into a cache directory keyed by those pins.
 #
 #   tools/build-cluster-binaries.sh          build if needed, print the bin dir
@@ -7,6 +8,7 @@
 # The cache lives under WARREN_CACHE (default ~/.cache/warren):
 #   $WARREN_CACHE/go/mod     GOMODCACHE
 #   $WARREN_CACHE/go/build   GOCACHE
+#   $WARREN_CACHE/src        patched copies of modules (gVisor)
 #   $WARREN_CACHE/bin/<key>  binaries + SHA256SUMS; <key> hashes every go.mod,
 #                            go.sum, this script and the Go version
 # A current cache returns at once; a changed pin builds a new key.
@@ -17,9 +19,10 @@ cache=${WARREN_CACHE:-$HOME/.cache/warren}
 export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS=-mod=mod
 export CGO_ENABLED=0 GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
-modules=(kubernetes etcd kwok gvisor coredns cri-tools)
+modules=(kubernetes etcd kwok gvisor coredns cri-tools containerd)
 key=$( { go env GOVERSION; cat "$here"/build-cluster-binaries.sh;
-         for m in "${modules[@]}"; do cat "$here/$m/go.mod" "$here/$m/go.sum"; done; } \
+         for m in "${modules[@]}"; do cat "$here/$m/go.mod" "$here/$m/go.sum"; done;
+         cat "$here"/gvisor/patches/*.patch; } \
        | sha256sum | cut -c1-16)
 out=$cache/bin/$key
 if [[ -f $out/SHA256SUMS ]] && (cd "$out" && sha256sum --quiet -c SHA256SUMS); then
@@ -41,6 +44,7 @@ kwok=$(version_of kwok sigs.k8s.io/kwok)
 gvisor=$(version_of gvisor gvisor.dev/gvisor)
 coredns=$(version_of coredns github.com/coredns/coredns)
 critools=$(version_of cri-tools sigs.k8s.io/cri-tools)
+containerd=$(version_of containerd github.com/containerd/containerd/v2)
 minor=${k8s#v1.}; minor=${minor%%.*}
 build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
@@ -52,16 +56,37 @@ log "kwok $kwok"
 (cd "$here/kwok" && go build -trimpath -o "$tmp/kwok" \
   -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${kwok#v}" sigs.k8s.io/kwok/cmd/kwok)
 
-# runsc and its containerd shim must come from the same gVisor commit.
-log "gvisor $gvisor"
-(cd "$here/gvisor" && go build -trimpath -o "$tmp/runsc" \
+# runsc and its containerd shim must come from the same gVisor commit. The commit is
+# built with the patches in tools/gvisor/patches (each says why), from a patched copy of
+# the module that a throw-away copy of the wrapper module points at.
+log "gvisor $gvisor (+ $(ls "$here"/gvisor/patches | wc -l) patch(es))"
+gvisor_src=$cache/src/gvisor-$gvisor-$(cat "$here"/gvisor/patches/*.patch | sha256sum | cut -c1-12)
+if [[ ! -f $gvisor_src/.patched ]]; then
+  rm -rf "$gvisor_src" && mkdir -p "$(dirname "$gvisor_src")"
+  cp -r "$(cd "$here/gvisor" && go list -m -f '{{.Dir}}' gvisor.dev/gvisor)" "$gvisor_src"
+  chmod -R u+w "$gvisor_src"
+  for p in "$here"/gvisor/patches/*.patch; do patch -s -d "$gvisor_src" -p1 < "$p"; done
+  touch "$gvisor_src/.patched"
+fi
+gvisor_mod=$(mktemp -d)
+cp "$here"/gvisor/go.mod "$here"/gvisor/go.sum "$gvisor_mod"/
+echo "replace gvisor.dev/gvisor => $gvisor_src" >> "$gvisor_mod/go.mod"
+(cd "$gvisor_mod" && go build -trimpath -o "$tmp/runsc" \
   -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$gvisor" gvisor.dev/gvisor/runsc)
-(cd "$here/gvisor" && go build -trimpath -o "$tmp/containerd-shim-runsc-v1" \
+(cd "$gvisor_mod" && go build -trimpath -o "$tmp/containerd-shim-runsc-v1" \
   -ldflags "-s -w" gvisor.dev/gvisor/shim)
+rm -rf "$gvisor_mod"
 
 log "coredns $coredns"
 (cd "$here/coredns" && go build -trimpath -o "$tmp/coredns" \
   -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$coredns" github.com/coredns/coredns)
+
+log "containerd $containerd"
+(cd "$here/containerd" && go build -trimpath -tags no_btrfs -o "$tmp/" \
+  -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd" \
+  github.com/containerd/containerd/v2/cmd/containerd \
+  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr)
 
 log "crictl $critools"
 (cd "$here/cri-tools" && go build -trimpath -o "$tmp/crictl" \
@@ -80,8 +105,9 @@ done
   k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl)
 
 (cd "$tmp" && sha256sum -- * > ../SHA256SUMS.tmp) && mv "$tmp/../SHA256SUMS.tmp" "$tmp/SHA256SUMS"
-printf 'kubernetes=%s\netcd=%s\nkwok=%s\ngvisor=%s\ncoredns=%s\ncri-tools=%s\nbuilt=%s\nseconds=%s\n' \
-  "$k8s" "$etcd" "$kwok" "$gvisor" "$coredns" "$critools" "$build_date" "$((SECONDS - start))" > "$tmp/PINS"
+printf 'kubernetes=%s\netcd=%s\nkwok=%s\ngvisor=%s\ncoredns=%s\ncri-tools=%s\ncontainerd=%s\nbuilt=%s\nseconds=%s\n' \
+  "$k8s" "$etcd" "$kwok" "$gvisor" "$coredns" "$critools" "$containerd" "$build_date" "$((SECONDS - start))" \
+  > "$tmp/PINS"
 rm -rf "$out" && mv "$tmp" "$out"
 log "done in $((SECONDS - start)) s"
 echo "$out"

@@ -2,10 +2,17 @@
 # Install (as root, through apt) the few host tools the build and tests call, and check
 # the toolchains the project cannot install by itself.
 set -euo pipefail
+# tool -> Debian package, for the build, the local node and the tests.
+declare -A packages=(
+  [ip]=iproute2 [make]=make [sha256sum]=coreutils [patch]=patch [gcc]=gcc
+  [runc]=runc [nft]=nftables [iptables]=iptables
+  [conntrack]=conntrack [/bin/busybox]=busybox-static [/usr/lib/cni/bridge]=containernetworking-plugins
+)
 need=()
-command -v ip >/dev/null || need+=(iproute2)
-command -v make >/dev/null || need+=(make)
-command -v sha256sum >/dev/null || need+=(coreutils)
+for tool in "${!packages[@]}"; do
+  if [[ $tool == /* ]]; then [[ -e $tool ]] || need+=("${packages[$tool]}")
+  else command -v "$tool" >/dev/null || need+=("${packages[$tool]}"); fi
+done
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
     echo "missing host packages: ${need[*]} (install them, or run as root)" >&2

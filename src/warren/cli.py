@@ -79,8 +79,11 @@ def _local(config_path: Path | None, bin_dir: Path | None, need_bins: bool = Tru
     bins = _bin_dir(bin_dir) if need_bins else Path(os.environ.get("WARREN_BIN_DIR", "."))
     from warren.node.provider import LocalNode
 
-    nodes = [LocalNode(progress=_say)] if cfg.cluster.node.enabled else []
-    return LocalCluster(cfg.cluster, paths.cluster_state_dir(), bins, nodes=nodes, progress=_say)
+    state = paths.cluster_state_dir()
+    # A node that ran before is torn down even if the configuration no longer enables it.
+    has_node = cfg.cluster.node.enabled or (not need_bins and (state / "node").is_dir())
+    nodes = [LocalNode(cfg, progress=_say)] if has_node else []
+    return LocalCluster(cfg.cluster, state, bins, nodes=nodes, progress=_say)
 
 
 bin_dir_option = click.option(
@@ -178,6 +181,66 @@ def apply(config_path: Path | None, kubeconfig: Path | None, dry_run: bool) -> N
     except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
         raise click.ClickException(str(exc)) from None
     _say(f"{'validated' if dry_run else 'applied'} {len(applied)} objects")
+
+
+# -- images ------------------------------------------------------------------------------
+
+
+@main.group()
+def image() -> None:
+    """OCI images made from local files: no registry involved."""
+
+
+@image.command("build")
+@click.argument("names", nargs=-1)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("images"),
+    show_default=True,
+    help="Directory for the OCI image archives.",
+)
+@click.option(
+    "--import",
+    "import_into",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also import them into the containerd listening on this socket (namespace k8s.io).",
+)
+@bin_dir_option
+def image_build(
+    names: tuple[str, ...], out_dir: Path, import_into: Path | None, bin_dir: Path | None
+) -> None:
+    """Build image archives: busybox, pause, coredns (default: all)."""
+    import subprocess
+
+    from warren.node import images
+
+    bins = _bin_dir(bin_dir)
+    wanted = set(names) or {"busybox", "pause", "coredns"}
+    unknown = wanted - {"busybox", "pause", "coredns"}
+    if unknown:
+        raise click.ClickException(
+            f"unknown image {', '.join(sorted(unknown))}: choose busybox, pause, coredns"
+        )
+    for built in images.build_all(bins, out_dir, only=wanted):
+        click.echo(f"{built.name}\t{built.manifest_digest}\t{built.archive}\tsha256:{built.archive_sha256}")
+        if import_into:
+            subprocess.run(
+                [
+                    str(bins / "ctr"),
+                    "--address",
+                    str(import_into),
+                    "--namespace",
+                    images.NAMESPACE,
+                    "images",
+                    "import",
+                    str(built.archive),
+                ],
+                check=True,
+                capture_output=True,
+            )
+            _say(f"imported {built.name}")
 
 
 # -- conformance -------------------------------------------------------------------------

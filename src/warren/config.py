@@ -60,6 +60,9 @@ class NodeConfig(_Model):
     # kvm on bare metal with a working /dev/kvm; systrap in VMs; ptrace on old kernels.
     runsc_platform: Literal["auto", "systrap", "ptrace", "kvm"] = "auto"
     bridge: str = "warren0"
+    # OCI runtime for pods that are not sandboxes (runc.v2 shim). crun refuses hosts with
+    # hybrid cgroups (v1 controllers beside a v2 mount); runc handles them.
+    oci_runtime: Literal["runc", "crun"] = "runc"
 
     @field_validator("name")
     @classmethod

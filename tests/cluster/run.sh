@@ -21,6 +21,10 @@ trap cleanup EXIT
 
 "$venv/warren" cluster up --config "$WARREN_TEST_CONFIG"
 "$venv/warren" apply --config "$WARREN_TEST_CONFIG"
+# The node is this machine: start real gVisor pods and prove the egress floor against test
+# hosts made here in network namespaces.
+image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(busybox_image())')
 "$venv/warren" conformance --kubeconfig "$("$venv/warren" cluster kubeconfig)" \
-  --config "$WARREN_TEST_CONFIG" --junitxml "$results/conformance.xml"
+  --config "$WARREN_TEST_CONFIG" --junitxml "$results/conformance.xml" \
+  --runtime-tests --egress-test-hosts local --image "$image"
 "$venv/pytest" -m cluster tests/cluster --junitxml "$results/cluster.xml"

@@ -16,7 +16,15 @@ import yaml
 
 pytestmark = pytest.mark.cluster
 
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "containerd",
+    "kubelet",
+    "kube-proxy",
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +69,22 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+
+
+def assert_node_host_state_gone(state: Path) -> None:
+    """What the node made on the host: mounts, pod network namespaces, the bridge, the
+    nftables tables, the runtime's processes."""
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    assert not [m for m in mounts if m.startswith(str(state))], "mounts left under the state"
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert "cni-" not in netns, netns
+    assert subprocess.run(["ip", "link", "show", "warren0"], capture_output=True, check=False).returncode != 0
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
+    assert "warren_floor" not in tables and "kube-proxy" not in tables, tables
+    shims = subprocess.run(
+        ["pgrep", "-f", "containerd-shim"], capture_output=True, text=True, check=False
+    ).stdout
+    assert not shims.strip(), f"shims still running: {shims}"
 
 
 def test_kubeconfig_is_under_warren_home(env: dict[str, str], kubeconfig: str) -> None:
@@ -158,6 +182,7 @@ def test_down_stops_exactly_our_processes_and_keeps_state(env: dict[str, str], k
         assert pids(env) == {}
         assert decoy.poll() is None
         assert (Path(env["WARREN_HOME"]) / "cluster" / "etcd").is_dir()
+        assert_node_host_state_gone(Path(env["WARREN_HOME"]) / "cluster")
         # Up again on the kept state: what was applied before is still there.
         warren("cluster", "up", "--config", env["WARREN_TEST_CONFIG"])
         result = kubectl(kubeconfig, "get", "namespace", "warren-sandboxes-b", "-o", "name")
@@ -173,3 +198,4 @@ def test_down_wipe_removes_state(env: dict[str, str]) -> None:
     warren("cluster", "down", "--wipe", "--config", env["WARREN_TEST_CONFIG"])
     assert not state.exists()
     assert not any(alive(pid) for pid in running.values())
+    assert_node_host_state_gone(state)

@@ -165,11 +165,13 @@ class LocalCluster:
         (state / STATE_MARKER).touch()
         self._ensure_pki(ctx)
         self._write_kubeconfigs()
+        for component in control_plane(self.config, self.layout, ctx.advertise_address):
+            self._ensure_running(component)
+        # Nodes join once the API server answers: their preparation may create objects.
         for node in self.nodes:
             node.prepare(ctx)
-        for component in self._components(ctx):
-            self._ensure_running(component)
-        for node in self.nodes:
+            for component in node.components(ctx):
+                self._ensure_running(component)
             node.after_up(ctx)
         self.progress(f"cluster ready; admin kubeconfig: {self.kubeconfig}")
 
@@ -213,7 +215,7 @@ class LocalCluster:
                 if component.after_healthy:
                     component.after_healthy()
                 return
-        binary = Path(component.spec.argv[0])
+        binary = Path(shutil.which(component.spec.argv[0]) or component.spec.argv[0])
         if not binary.is_file():
             raise ClusterError(
                 f"{binary} is missing: build the cluster binaries with tools/build-cluster-binaries.sh "

@@ -106,3 +106,66 @@ def namespace(core: client.CoreV1Api, name: str, labels: dict[str, str]) -> Iter
         yield name
     finally:
         core.delete_namespace(name, propagation_policy="Background")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    code: int
+    output: str
+
+
+def exec_in(
+    core: client.CoreV1Api, namespace: str, pod: str, argv: list[str], timeout: float = 30
+) -> ExecResult:
+    """Run a command in a pod's first container through the API server's exec."""
+    from kubernetes.stream import stream
+
+    ws = stream(
+        core.connect_get_namespaced_pod_exec,
+        pod,
+        namespace,
+        command=argv,
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+        _preload_content=False,
+    )
+    ws.run_forever(timeout=timeout)
+    output = ws.read_stdout() + ws.read_stderr()
+    code = ws.returncode
+    ws.close()
+    return ExecResult(code if code is not None else -1, output)
+
+
+def running_pod(core: client.CoreV1Api, namespace: str, body: Obj, timeout: float = 180) -> Obj:
+    """Create a pod and wait until it runs; its events are in the failure message if not."""
+    name = body["metadata"]["name"]
+    core.create_namespaced_pod(namespace, body)
+
+    def running() -> bool:
+        status = core.read_namespaced_pod(name, namespace).status
+        phase = str(status.phase)
+        if phase in ("Failed", "Succeeded"):
+            raise AssertionError(f"pod {namespace}/{name} ended: {phase}")
+        return phase == "Running" and all(c.ready for c in status.container_statuses or [])
+
+    try:
+        wait_for(running, timeout=timeout, what=f"pod {namespace}/{name} to run", interval=0.5)
+    except AssertionError:
+        events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+        detail = "; ".join(f"{e.reason}: {e.message}" for e in events[-5:])
+        raise AssertionError(f"pod {namespace}/{name} is not running ({detail})") from None
+    return body
+
+
+def busybox_pod(name: str, image: str, runtime_class: str | None = "gvisor") -> Obj:
+    """A long-running busybox pod with /workspace; a sandbox pod unless runtime_class is None."""
+    pod = sandbox_pod(name, runtime_class=runtime_class or "unused")
+    if runtime_class is None:
+        del pod["spec"]["runtimeClassName"]
+    container = pod["spec"]["containers"][0]
+    container.update(image=image, imagePullPolicy="IfNotPresent", command=["sleep", "86400"])
+    container["volumeMounts"] = [{"name": "workspace", "mountPath": "/workspace"}]
+    pod["spec"]["volumes"] = [{"name": "workspace", "emptyDir": {}}]
+    return pod

@@ -17,6 +17,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="the Warren configuration the cluster was installed with",
     )
+    group.addoption(
+        "--image",
+        default="busybox:stable",
+        help="a busybox image the cluster's nodes can start (runtime and egress tests)",
+    )
+    group.addoption(
+        "--runtime-tests",
+        action="store_true",
+        help="also start real pods and look inside them (needs nodes with gVisor)",
+    )
+    group.addoption(
+        "--egress-test-hosts",
+        choices=["none", "local"],
+        default="none",
+        help="local: make test hosts in network namespaces on this machine (root; it must be the "
+        "cluster's only node) and prove the egress floor against them",
+    )
 
 
 class _Summary:

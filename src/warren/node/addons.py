@@ -10,8 +10,10 @@ from kubernetes import client
 
 from warren import kube
 from warren.cluster.local import ClusterContext, ClusterError
+from warren.config import WarrenConfig
 from warren.node import images
-from warren.node.provider import _render
+from warren.node.files import render
+from warren.render import render as render_platform
 
 
 def _api(ctx: ClusterContext) -> client.ApiClient:
@@ -41,11 +43,19 @@ def ensure_node_ready(ctx: ClusterContext, name: str, progress: Callable[[str], 
     progress(f"node {name}: Ready")
 
 
+def ensure_floor_identity(ctx: ClusterContext, config: WarrenConfig) -> None:
+    """The egress floor's CNI plugin reads namespace labels; until its RBAC exists it
+    treats every pod as a sandbox pod (fail closed), cluster DNS included. Apply those
+    objects, rendered from the platform's one source, before any pod starts."""
+    objects = [o for o in render_platform(config) if o["metadata"]["name"] == "warren:egress-floor"]
+    kube.apply(_api(ctx), objects)
+
+
 def ensure_cluster_dns(ctx: ClusterContext, progress: Callable[[str], None]) -> None:
     api = _api(ctx)
     image = images.coredns_image(images.coredns_version(ctx.layout.bin_dir))
     objects = [
-        o for o in yaml.safe_load_all(_render("cluster-dns.yaml.j2", cluster=ctx.config, image=image)) if o
+        o for o in yaml.safe_load_all(render("cluster-dns.yaml.j2", cluster=ctx.config, image=image)) if o
     ]
     kube.apply(api, objects)
     apps = client.AppsV1Api(api)

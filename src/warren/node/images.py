@@ -41,7 +41,7 @@ def _coredns_rootfs(bin_dir: Path, version: str) -> Callable[[Path], ImageSpec]:
     return make
 
 
-def build_all(bin_dir: Path, out_dir: Path) -> list[Built]:
+def build_all(bin_dir: Path, out_dir: Path, only: set[str] | None = None) -> list[Built]:
     """Archives for pause, busybox and CoreDNS (reproducible: same inputs, same digests)."""
     recipes: dict[str, Callable[[Path], ImageSpec]] = {
         "pause": RECIPES["pause"].make,
@@ -50,34 +50,36 @@ def build_all(bin_dir: Path, out_dir: Path) -> list[Built]:
     }
     built = []
     for name, make in recipes.items():
+        if only is not None and name not in only:
+            continue
         with tempfile.TemporaryDirectory(prefix=f"warren-image-{name}-") as tmp:
             spec = make(Path(tmp) / "rootfs")
             built.append(build_archive(spec, out_dir / f"{name}.tar"))
     return built
 
 
-def _ctr(layout: NodeLayout, *args: str) -> str:
+def _ctr(bin_dir: Path, layout: NodeLayout, *args: str) -> str:
     return subprocess.run(
-        ["ctr", "--address", str(layout.containerd_socket), "--namespace", NAMESPACE, *args],
+        [str(bin_dir / "ctr"), "--address", str(layout.containerd_socket), "--namespace", NAMESPACE, *args],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
 
 
-def imported(layout: NodeLayout) -> dict[str, str]:
+def imported(bin_dir: Path, layout: NodeLayout) -> dict[str, str]:
     """Image name -> manifest digest, as containerd holds them."""
-    lines = _ctr(layout, "images", "ls").splitlines()[1:]
+    lines = _ctr(bin_dir, layout, "images", "ls").splitlines()[1:]
     return {cols[0]: cols[2] for cols in (line.split() for line in lines) if len(cols) > 2}  # noqa: PLR2004
 
 
 def ensure_imported(ctx: ClusterContext, layout: NodeLayout, progress: Callable[[str], None]) -> None:
-    have = imported(layout)
+    have = imported(ctx.layout.bin_dir, layout)
     for image in build_all(ctx.layout.bin_dir, layout.images):
         if have.get(image.name) == image.manifest_digest:
             continue
         try:
-            _ctr(layout, "images", "import", str(image.archive))
+            _ctr(ctx.layout.bin_dir, layout, "images", "import", str(image.archive))
         except subprocess.CalledProcessError as exc:
             raise ClusterError(f"importing {image.archive} into containerd failed: {exc.stderr}") from None
         progress(f"imported image {image.name} ({image.manifest_digest[:19]})")

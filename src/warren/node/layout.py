@@ -8,6 +8,7 @@ from pathlib import Path
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 CNI_STATE_DIR = Path("/var/lib/cni/networks")  # host-local IPAM's allocations
 NETWORK_NAME = "warren"
+FLOOR_TABLE = "warren_floor"  # the egress floor's nftables table (family inet)
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,22 @@ class NodeLayout:
         return self.root / "containerd" / "containerd.sock"
 
     @property
-    def runsc_config(self) -> Path:
-        return self.root / "containerd" / "runsc.toml"
+    def bin_dir(self) -> Path:
+        """runsc and its shim, installed here by the gvisor role (on containerd's PATH)."""
+        return self.root / "bin"
+
+    @property
+    def gvisor_config_dir(self) -> Path:
+        return self.root / "gvisor"
+
+    @property
+    def cni_bin_dir(self) -> Path:
+        """Links to the host's CNI plugins plus the egress floor's own plugin."""
+        return self.root / "cni" / "bin"
+
+    @property
+    def floor_dir(self) -> Path:
+        return self.root / "egress-floor"
 
     @property
     def runsc_logs(self) -> Path:

@@ -2,47 +2,74 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import jinja2
-
+from warren.ansible import PlaybookError, run_playbook
 from warren.cluster.components import Component, Health
 from warren.cluster.local import ClusterContext, ClusterError, write_kubeconfig
 from warren.cluster.pki import CLIENT, SERVER, Leaf
 from warren.cluster.process import ProcessSpec
+from warren.config import WarrenConfig
 from warren.node import images, teardown
-from warren.node.layout import CNI_BIN_DIR, NETWORK_NAME, NodeLayout
+from warren.node.files import render, write, write_keeping_block
+from warren.node.layout import CNI_BIN_DIR, FLOOR_TABLE, NETWORK_NAME, NodeLayout
 
-TEMPLATES = Path(__file__).with_name("templates")
+# The markers of the block the gvisor role appends to containerd's configuration.
+GVISOR_BLOCK_BEGIN = "# BEGIN warren gvisor runtime (managed by Ansible)"
+GVISOR_BLOCK_END = "# END warren gvisor runtime (managed by Ansible)"
+NODE_BINARIES = (
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "kubelet",
+    "kube-proxy",
+    "kubectl",
+    "runsc",
+    "containerd-shim-runsc-v1",
+    "crictl",
+    "coredns",
+)
 HOST_TOOLS = {  # what the node runs from the host, and the Debian package it comes in
-    "containerd": "containerd",
-    "containerd-shim-runc-v2": "containerd",
     "runc": "runc",
     "nft": "nftables",
     "ip": "iproute2",
 }
 
 
-def _render(template: str, **context: object) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,  # noqa: S701  # TOML, YAML and JSON, not HTML
+CAP_SYS_RESOURCE = 24
+
+
+def _has_capability(bit: int) -> bool:
+    """Whether this process may use a capability (its bounding set can lack it even as root)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapBnd:"):
+            return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
+
+
+NETNS_DIR = Path("/run/netns")
+
+
+def _shared_netns_dir() -> None:
+    """Make /run/netns a shared mount before containerd puts pod network namespaces there.
+    `ip netns add` does this on first use by bind-mounting the directory onto itself; done
+    after pods exist, that bind would hide their namespace mounts from containerd, which
+    could then never remove them."""
+    NETNS_DIR.mkdir(parents=True, exist_ok=True)
+    mounted = any(
+        line.split()[4] == str(NETNS_DIR) for line in Path("/proc/self/mountinfo").read_text().splitlines()
     )
-    return env.get_template(template).render(**context)
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+    if not mounted:
+        subprocess.run(["mount", "--bind", str(NETNS_DIR), str(NETNS_DIR)], check=True)
+    subprocess.run(["mount", "--make-shared", str(NETNS_DIR)], check=True)
 
 
 def _sysctl(key: str, value: str) -> None:
@@ -53,18 +80,19 @@ def _sysctl(key: str, value: str) -> None:
         path.write_text(value)
 
 
-def runsc_platform(choice: str) -> str:
-    """kvm only where /dev/kvm really runs a guest; this picks systrap for VMs by default,
-    since a nested /dev/kvm can open yet never run one."""
-    if choice != "auto":
-        return choice
-    return "systrap"
+def _digest(*paths: Path) -> str:
+    """Changes when any of these configuration files does, so `up` restarts the daemon."""
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.read_bytes() if path.is_file() else b"-")
+    return h.hexdigest()[:16]
 
 
 class LocalNode:
     name = "node"
 
-    def __init__(self, progress: Callable[[str], None] = lambda _m: None) -> None:
+    def __init__(self, config: WarrenConfig, progress: Callable[[str], None] = lambda _m: None) -> None:
+        self.config = config
         self.progress = progress
 
     # -- identity -----------------------------------------------------------------------
@@ -90,69 +118,65 @@ class LocalNode:
                 ips=tuple(dict.fromkeys(("127.0.0.1", ctx.advertise_address))),
             ),
             Leaf("kube-proxy", "ca", "system:kube-proxy", usages=(CLIENT,)),
+            Leaf("egress-floor", "ca", "warren:egress-floor", usages=(CLIENT,)),
         ]
 
     # -- prepare ------------------------------------------------------------------------
 
     def prepare(self, ctx: ClusterContext) -> None:
-        missing = {pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None}
-        if not (CNI_BIN_DIR / "bridge").exists():
-            missing.add("containernetworking-plugins")
-        if missing:
-            raise ClusterError(
-                f"the node needs host packages that are missing: {', '.join(sorted(missing))} "
-                "(tools/check-host.sh installs them)"
-            )
-        for binary in ("kubelet", "kube-proxy", "runsc", "containerd-shim-runsc-v1", "crictl", "coredns"):
-            if not (ctx.layout.bin_dir / binary).is_file():
-                raise ClusterError(
-                    f"{ctx.layout.bin_dir / binary} is missing: rebuild with tools/build-cluster-binaries.sh"
-                )
+        self._check_host(ctx)
+        _shared_netns_dir()
         _sysctl("net.ipv4.ip_forward", "1")
         _sysctl("net.bridge.bridge-nf-call-iptables", "1")
         _sysctl("net.bridge.bridge-nf-call-ip6tables", "1")
         layout = self.layout(ctx)
         cfg = ctx.config
-        bins = ctx.layout.bin_dir
+        pki = ctx.layout
         for directory in (
             layout.containerd_root,
             layout.containerd_state,
-            layout.runsc_logs,
-            layout.runsc_root,
             layout.kubelet_root,
             layout.images,
+            layout.cni_bin_dir,
         ):
             directory.mkdir(parents=True, exist_ok=True)
-        _write(
+        # containerd reads one CNI plugin directory: the host's plugins, linked, plus ours.
+        for plugin in CNI_BIN_DIR.iterdir():
+            link = layout.cni_bin_dir / plugin.name
+            if not link.is_symlink():
+                link.symlink_to(plugin)
+        write_keeping_block(
             layout.containerd_config,
-            _render(
+            render(
                 "containerd.toml.j2",
                 layout=layout,
                 pause_image=images.PAUSE,
-                handler="runsc",
-                cni_bin_dir=CNI_BIN_DIR,
+                cni_bin_dir=layout.cni_bin_dir,
+                oci_runtime=shutil.which(cfg.node.oci_runtime) or cfg.node.oci_runtime,
+                restrict_oom=not _has_capability(CAP_SYS_RESOURCE),
             ),
+            begin=GVISOR_BLOCK_BEGIN,
+            end=GVISOR_BLOCK_END,
         )
-        _write(
-            layout.runsc_config,
-            _render(
-                "runsc.toml.j2",
-                layout=layout,
-                runsc=bins / "runsc",
-                platform=runsc_platform(cfg.node.runsc_platform),
-            ),
-        )
-        _write(
+        server = f"https://127.0.0.1:{cfg.api_port}"
+        floor = {
+            "table": FLOOR_TABLE,
+            "state_dir": layout.floor_dir / "pods",
+            "server": server,
+            "ca": pki.crt("ca"),
+            "cert": pki.crt("egress-floor"),
+            "key": pki.key("egress-floor"),
+        }
+        write(
             layout.cni_conf_dir / "10-warren.conflist",
-            _render(
+            render(
                 "cni.conflist.j2",
                 network=NETWORK_NAME,
                 bridge=cfg.node.bridge,
                 subnet=cfg.node_pod_cidr,
+                floor=floor,
             ),
         )
-        pki = ctx.layout
-        server = f"https://127.0.0.1:{cfg.api_port}"
         write_kubeconfig(
             pki.kubeconfig("kubelet"),
             server,
@@ -169,9 +193,9 @@ class LocalNode:
             pki.key("kube-proxy"),
             user="system:kube-proxy",
         )
-        _write(
+        write(
             layout.kubelet_config,
-            _render(
+            render(
                 "kubelet-config.yaml.j2",
                 node=cfg.node,
                 cluster=cfg,
@@ -182,9 +206,9 @@ class LocalNode:
                 serving_key=pki.key("kubelet-server"),
             ),
         )
-        _write(
+        write(
             layout.kube_proxy_config,
-            _render(
+            render(
                 "kube-proxy-config.yaml.j2",
                 node=cfg.node,
                 cluster=cfg,
@@ -192,6 +216,54 @@ class LocalNode:
                 kubeconfig=pki.kubeconfig("kube-proxy"),
             ),
         )
+        self._run_floor_playbook(ctx, layout, server)
+
+    def _check_host(self, ctx: ClusterContext) -> None:
+        missing = {pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None}
+        if not (CNI_BIN_DIR / "bridge").exists():
+            missing.add("containernetworking-plugins")
+        if missing:
+            raise ClusterError(
+                f"the node needs host packages that are missing: {', '.join(sorted(missing))} "
+                "(tools/check-host.sh installs them)"
+            )
+        for binary in NODE_BINARIES:
+            if not (ctx.layout.bin_dir / binary).is_file():
+                raise ClusterError(
+                    f"{ctx.layout.bin_dir / binary} is missing: rebuild with tools/build-cluster-binaries.sh"
+                )
+
+    def _run_floor_playbook(self, ctx: ClusterContext, layout: NodeLayout, server: str) -> None:
+        """The gvisor and egress_floor roles, exactly as operators run them, on this host."""
+        pki = ctx.layout
+        extra_vars = {
+            "gvisor_source_dir": str(pki.bin_dir),
+            "gvisor_install_dir": str(layout.bin_dir),
+            "gvisor_platform": ctx.config.node.runsc_platform,
+            "gvisor_containerd_config": str(layout.containerd_config),
+            "gvisor_config_dir": str(layout.gvisor_config_dir),
+            "gvisor_root_dir": str(layout.root / "runsc"),
+            "gvisor_log_dir": str(layout.root / "logs" / "runsc"),
+            "gvisor_kubeconfig": str(pki.admin_kubeconfig),
+            "gvisor_kubectl": str(pki.bin_dir / "kubectl"),
+            "egress_floor_table": FLOOR_TABLE,
+            "egress_floor_dns_ip": ctx.config.dns_ip,
+            "egress_floor_node_addresses": [ctx.advertise_address],
+            "egress_floor_api_addresses": [ctx.advertise_address],
+            "egress_floor_config_dir": str(layout.floor_dir),
+            "egress_floor_state_dir": str(layout.floor_dir / "pods"),
+            "egress_floor_cni_bin_dir": str(layout.cni_bin_dir),
+            "egress_floor_python": sys.executable,
+            "egress_floor_api_server": server,
+            "egress_floor_api_ca": str(pki.crt("ca")),
+            "egress_floor_api_cert": str(pki.crt("egress-floor")),
+            "egress_floor_api_key": str(pki.key("egress-floor")),
+        }
+        try:
+            run_playbook("node.yml", extra_vars, log=ctx.supervisor.log_path("ansible-node"))
+        except PlaybookError as exc:
+            raise ClusterError(str(exc)) from None
+        self.progress("node floor: gvisor and egress_floor roles applied")
 
     # -- components ---------------------------------------------------------------------
 
@@ -199,10 +271,19 @@ class LocalNode:
         layout = self.layout(ctx)
         bins = ctx.layout.bin_dir
         crictl = (str(bins / "crictl"), "--runtime-endpoint", layout.endpoint, "--timeout", "2s")
-        # containerd finds containerd-shim-runsc-v1 on its PATH.
-        path = f"{bins}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        # containerd finds containerd-shim-runsc-v1 (installed by the gvisor role) on its PATH,
+        # and restarts when its configuration or the gVisor binaries change.
+        path = f"{layout.bin_dir}:{bins}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        configs = _digest(
+            layout.containerd_config,
+            layout.gvisor_config_dir / "runsc.toml",
+            layout.bin_dir / "runsc",
+            layout.bin_dir / "containerd-shim-runsc-v1",
+        )
         containerd = ProcessSpec(
-            "containerd", ("containerd", "--config", str(layout.containerd_config)), env={"PATH": path}
+            "containerd",
+            (str(bins / "containerd"), "--config", str(layout.containerd_config)),
+            env={"PATH": path, "WARREN_CONFIG_DIGEST": configs},
         )
         kubelet = ProcessSpec(
             "kubelet",
@@ -235,6 +316,7 @@ class LocalNode:
     def after_up(self, ctx: ClusterContext) -> None:
         from warren.node import addons
 
+        addons.ensure_floor_identity(ctx, self.config)
         addons.ensure_node_ready(ctx, self.node_name(ctx), self.progress)
         addons.ensure_cluster_dns(ctx, self.progress)
 

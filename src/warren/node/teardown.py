@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 from warren.cluster.local import ClusterContext, mounts_under
-from warren.node.layout import CNI_STATE_DIR, NETWORK_NAME, NodeLayout
+from warren.node.layout import CNI_STATE_DIR, FLOOR_TABLE, NETWORK_NAME, NodeLayout
 
 SHIMS = ("containerd-shim-runc-v2", "containerd-shim-runsc-v1")
 
@@ -83,11 +84,41 @@ def _remove_network(ctx: ClusterContext, layout: NodeLayout, progress: Callable[
     proxy = ctx.layout.bin_dir / "kube-proxy"
     if proxy.exists():
         _run(str(proxy), "--cleanup", f"--config={layout.kube_proxy_config}")
-    for family in ("ip", "ip6"):
-        if _run("nft", "list", "table", family, "kube-proxy").returncode == 0:
-            _run("nft", "delete", "table", family, "kube-proxy")
+    for family, table in (("ip", "kube-proxy"), ("ip6", "kube-proxy"), ("inet", FLOOR_TABLE)):
+        if _run("nft", "list", "table", family, table).returncode == 0:
+            _run("nft", "delete", "table", family, table)
+            progress(f"removed nftables table {family} {table}")
+    _remove_iptables_rules()
     ipam = CNI_STATE_DIR / NETWORK_NAME
     if ipam.is_dir():
         for lease in ipam.iterdir():
             lease.unlink()
         ipam.rmdir()
+
+
+# Chains the kubelet creates in the iptables tables (kube-proxy cleans its own).
+KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
+
+
+def _remove_iptables_rules() -> None:
+    """Rules the CNI bridge plugin left for our network (pods whose DEL never ran) and the
+    kubelet's chains: found by our network's name in their comments and by chain name."""
+    ours = f'name: \\"{NETWORK_NAME}\\"'
+    for tool in ("iptables", "ip6tables"):
+        for table in ("nat", "filter", "mangle"):
+            listing = _run(tool, "-t", table, "-S")
+            if listing.returncode != 0:
+                continue
+            lines = listing.stdout.splitlines()
+            chains = {line.split()[1] for line in lines if line.startswith("-N ")}
+            cni_chains = {line.split()[1] for line in lines if line.startswith("-A CNI-") and ours in line}
+            doomed = cni_chains | (chains & set(KUBELET_CHAINS))
+            for line in lines:
+                if not line.startswith("-A "):
+                    continue
+                args = shlex.split(line)
+                target = args[args.index("-j") + 1] if "-j" in args else ""
+                if args[1] in doomed or target in doomed or ours in line:
+                    _run(tool, "-t", table, "-D", *args[1:])
+            for chain in doomed:
+                _run(tool, "-t", table, "-X", chain)
