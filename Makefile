@@ -36,6 +36,7 @@ lint: venv
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint
 
 unit: venv
 	$(BIN)/pytest tests/unit

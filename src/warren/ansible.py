@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,11 @@ def ansible_dir() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def run_playbook(playbook: str, extra_vars: dict[str, Any], log: Path, check: bool = False) -> str:
-    """Run playbooks/<playbook> against the local inventory; returns its output."""
+def playbook_command(playbook: str, vars_file: Path, check: bool = False) -> list[str]:
+    """The ansible-playbook command line for playbooks/<playbook> on the local inventory."""
     base = ansible_dir()
-    bin_dir = Path(sys.executable).parent
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="warren-vars-", delete=False) as handle:
-        json.dump(extra_vars, handle)
-        vars_file = handle.name
     argv = [
-        str(bin_dir / "ansible-playbook"),
+        str(Path(sys.executable).parent / "ansible-playbook"),
         "-i",
         str(base / "inventories" / "local" / "hosts.yml"),
         str(base / "playbooks" / playbook),
@@ -41,17 +36,32 @@ def run_playbook(playbook: str, extra_vars: dict[str, Any], log: Path, check: bo
     ]
     if check:
         argv += ["--check", "--diff"]
-    env = {
+    return argv
+
+
+def playbook_env() -> dict[str, str]:
+    base = ansible_dir()
+    bin_dir = Path(sys.executable).parent
+    return {
         **os.environ,
         "ANSIBLE_CONFIG": str(base / "ansible.cfg"),
         "ANSIBLE_ROLES_PATH": str(base / "roles"),
         "ANSIBLE_NOCOLOR": "1",
         "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
     }
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=base, check=False)
-    finally:
-        Path(vars_file).unlink(missing_ok=True)
+
+
+def run_playbook(
+    playbook: str, extra_vars: dict[str, Any], vars_file: Path, log: Path, check: bool = False
+) -> str:
+    """Run playbooks/<playbook> against the local inventory with `extra_vars` (kept in
+    `vars_file`, so an operator can rerun exactly this); returns its output."""
+    vars_file.parent.mkdir(parents=True, exist_ok=True)
+    vars_file.write_text(json.dumps(extra_vars, indent=2, sort_keys=True))
+    argv = playbook_command(playbook, vars_file, check)
+    result = subprocess.run(
+        argv, capture_output=True, text=True, env=playbook_env(), cwd=ansible_dir(), check=False
+    )
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as out:
         out.write(result.stdout + result.stderr)

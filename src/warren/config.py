@@ -51,7 +51,7 @@ def _cidr(value: str) -> str:
 class NodeConfig(_Model):
     """The local cluster's node: containerd, gVisor, kubelet, kube-proxy and cluster DNS."""
 
-    enabled: bool = False  # turned on once the node tier passes in CI
+    enabled: bool = True
     name: str | None = Field(default=None, description="Node name; default: the host name.")
     kubelet_port: Port = 10250
     kubelet_healthz_port: Port = 10248

@@ -173,6 +173,94 @@ def test_changed_setting_restarts_only_that_component(env: dict[str, str], chang
         assert after[name] == before[name], name
 
 
+def test_node_roles_are_idempotent_and_pass_check_mode(env: dict[str, str]) -> None:
+    """The gvisor and egress_floor roles, rerun as `up` ran them: nothing changes, and a
+    --check --diff run passes and would change nothing either."""
+    from warren.ansible import ansible_dir, playbook_command, playbook_env
+
+    vars_file = Path(env["WARREN_HOME"]) / "cluster" / "node" / "ansible-vars.json"
+    assert vars_file.is_file()
+    for check in (False, True):
+        result = subprocess.run(
+            playbook_command("node.yml", vars_file, check=check),
+            env=playbook_env(),
+            cwd=ansible_dir(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        recap = [line for line in result.stdout.splitlines() if line.startswith("localhost")][-1]
+        assert "changed=0" in recap and "failed=0" in recap, recap
+
+
+def sandbox_set() -> str:
+    result = subprocess.run(
+        ["nft", "list", "set", "inet", "warren_floor", "sandbox_v4"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_egress_floor_survives_runtime_restarts(env: dict[str, str], kubeconfig: str) -> None:
+    """A sandbox pod stays enrolled, and the floor's rules stay loaded, across a restart of
+    containerd and the kubelet."""
+    from warren.node.images import busybox_image
+
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "floor-restart", "namespace": "warren-sandboxes"},
+        "spec": {
+            "runtimeClassName": "gvisor",
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": busybox_image(),
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "securityContext": {"allowPrivilegeEscalation": False},
+                }
+            ],
+        },
+    }
+    assert kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(pod)).returncode == 0
+    wait = kubectl(
+        kubeconfig,
+        "-n",
+        "warren-sandboxes",
+        "wait",
+        "--for=condition=Ready",
+        "pod/floor-restart",
+        "--timeout=120s",
+    )
+    assert wait.returncode == 0, wait.stderr
+    ip = kubectl(
+        kubeconfig, "-n", "warren-sandboxes", "get", "pod", "floor-restart", "-o", "jsonpath={.status.podIP}"
+    ).stdout.strip()
+    assert ip in sandbox_set()
+
+    from warren.cluster.process import Supervisor
+
+    supervisor = Supervisor(Path(env["WARREN_HOME"]) / "cluster")
+    assert supervisor.stop("kubelet") and supervisor.stop("containerd")
+    warren("cluster", "up", "--config", env["WARREN_TEST_CONFIG"])
+    assert ip in sandbox_set()
+    rules = subprocess.run(
+        ["nft", "list", "chain", "inet", "warren_floor", "forward"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "@blocked_v4" in rules and "drop" in rules
+    kubectl(kubeconfig, "-n", "warren-sandboxes", "delete", "pod", "floor-restart", "--wait=false")
+
+
 def test_down_stops_exactly_our_processes_and_keeps_state(env: dict[str, str], kubeconfig: str) -> None:
     decoy = subprocess.Popen(["sleep", "300"])  # a process `down` must not touch
     try:

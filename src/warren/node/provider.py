@@ -260,7 +260,12 @@ class LocalNode:
             "egress_floor_api_key": str(pki.key("egress-floor")),
         }
         try:
-            run_playbook("node.yml", extra_vars, log=ctx.supervisor.log_path("ansible-node"))
+            run_playbook(
+                "node.yml",
+                extra_vars,
+                vars_file=layout.root / "ansible-vars.json",
+                log=ctx.supervisor.log_path("ansible-node"),
+            )
         except PlaybookError as exc:
             raise ClusterError(str(exc)) from None
         self.progress("node floor: gvisor and egress_floor roles applied")
