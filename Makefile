@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export WARREN_CACHE ?= $(HOME)/.cache/warren
 
-.PHONY: deploy down test lint unit cluster-test binaries venv clean
+.PHONY: deploy down test lint unit cluster-test binaries venv clean bench-runtime
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -43,6 +43,10 @@ unit: venv
 
 cluster-test: venv
 	tests/cluster/run.sh
+
+## Benchmarks write JSON to bench/results/ (ratios against a baseline from the same run).
+bench-runtime: venv
+	bench/run-runtime.sh
 
 clean:
 	rm -rf $(VENV) test-results rendered
