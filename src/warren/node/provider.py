@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import socket
@@ -329,14 +328,3 @@ class LocalNode:
 
     def teardown(self, ctx: ClusterContext, wipe: bool) -> None:
         teardown.run(ctx, self.layout(ctx), self.progress)
-
-
-def crictl_json(ctx: ClusterContext, *args: str) -> object:
-    layout = LocalNode.layout(ctx)
-    out = subprocess.run(
-        [str(ctx.layout.bin_dir / "crictl"), "--runtime-endpoint", layout.endpoint, *args, "-o", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return json.loads(out)
