@@ -81,6 +81,13 @@ def assert_node_host_state_gone(state: Path) -> None:
     assert subprocess.run(["ip", "link", "show", "warren0"], capture_output=True, check=False).returncode != 0
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
     assert "warren_floor" not in tables and "kube-proxy" not in tables, tables
+    ours = 'name: \\"warren\\"'  # the CNI bridge plugin's comment on rules for our network
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle"):
+            rules = subprocess.run(
+                [tool, "-t", table, "-S"], capture_output=True, text=True, check=False
+            ).stdout
+            assert ours not in rules and "KUBE-KUBELET-CANARY" not in rules, (tool, table, rules)
     shims = subprocess.run(
         ["pgrep", "-f", "containerd-shim"], capture_output=True, text=True, check=False
     ).stdout
