@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
+from warren.config import WarrenConfig
 from warren.conformance.kube import busybox_pod, exec_in, running_pod, unique
 
 
@@ -26,11 +27,17 @@ def image(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def sandbox(core: client.CoreV1Api, sandbox_ns: str, image: str) -> Iterator[str]:
+def sandbox_home(warren_config: WarrenConfig) -> str:
+    """The installation's own default sandbox namespace: where users' sandboxes run."""
+    return warren_config.isolation.default_namespace
+
+
+@pytest.fixture(scope="module")
+def sandbox(core: client.CoreV1Api, sandbox_home: str, image: str) -> Iterator[str]:
     name = unique("gvisor")
-    running_pod(core, sandbox_ns, busybox_pod(name, image))
+    running_pod(core, sandbox_home, busybox_pod(name, image))
     yield name
-    core.delete_namespaced_pod(name, sandbox_ns, grace_period_seconds=0)
+    core.delete_namespaced_pod(name, sandbox_home, grace_period_seconds=0)
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +54,12 @@ def _node_kernel(core: client.CoreV1Api, namespace: str, pod: str) -> str:
     return str(core.read_node(node).status.node_info.kernel_version)
 
 
-def test_sandbox_pod_kernel_is_gvisor(core: client.CoreV1Api, sandbox_ns: str, sandbox: str) -> None:
-    dmesg = exec_in(core, sandbox_ns, sandbox, ["dmesg"])
+def test_sandbox_pod_kernel_is_gvisor(core: client.CoreV1Api, sandbox_home: str, sandbox: str) -> None:
+    dmesg = exec_in(core, sandbox_home, sandbox, ["dmesg"])
     assert dmesg.code == 0, dmesg.output
     assert "gVisor" in dmesg.output, dmesg.output[:500]
-    uname = exec_in(core, sandbox_ns, sandbox, ["uname", "-r"])
-    assert uname.output.strip() != _node_kernel(core, sandbox_ns, sandbox)
+    uname = exec_in(core, sandbox_home, sandbox, ["uname", "-r"])
+    assert uname.output.strip() != _node_kernel(core, sandbox_home, sandbox)
 
 
 def test_plain_pod_kernel_is_the_hosts(core: client.CoreV1Api, plain_ns: str, plain: str) -> None:
@@ -63,11 +70,11 @@ def test_plain_pod_kernel_is_the_hosts(core: client.CoreV1Api, plain_ns: str, pl
 
 
 def test_sandbox_pod_has_no_service_account_token(
-    core: client.CoreV1Api, sandbox_ns: str, sandbox: str
+    core: client.CoreV1Api, sandbox_home: str, sandbox: str
 ) -> None:
-    token = exec_in(core, sandbox_ns, sandbox, ["ls", "/var/run/secrets/kubernetes.io/serviceaccount"])
+    token = exec_in(core, sandbox_home, sandbox, ["ls", "/var/run/secrets/kubernetes.io/serviceaccount"])
     assert token.code != 0, token.output
-    mounts = exec_in(core, sandbox_ns, sandbox, ["cat", "/proc/mounts"]).output
+    mounts = exec_in(core, sandbox_home, sandbox, ["cat", "/proc/mounts"]).output
     assert "serviceaccount" not in mounts
 
 
@@ -75,8 +82,8 @@ def test_sandbox_pod_has_no_service_account_token(
     reason="needs runsc to honour nodev and to carry a volume's host nosuid,nodev flags into the "
     "sandbox (gVisor patch not written yet); /workspace comes from the blockd CSI driver later"
 )
-def test_workspace_is_nosuid_nodev(core: client.CoreV1Api, sandbox_ns: str, sandbox: str) -> None:
-    mounts = exec_in(core, sandbox_ns, sandbox, ["cat", "/proc/mounts"]).output
+def test_workspace_is_nosuid_nodev(core: client.CoreV1Api, sandbox_home: str, sandbox: str) -> None:
+    mounts = exec_in(core, sandbox_home, sandbox, ["cat", "/proc/mounts"]).output
     lines = [line.split() for line in mounts.splitlines() if len(line.split()) > 3]
     workspace = [fields for fields in lines if fields[1] == "/workspace"]
     assert workspace, mounts
