@@ -63,7 +63,9 @@ log "gvisor $gvisor (+ $(ls "$here"/gvisor/patches | wc -l) patch(es))"
 gvisor_src=$cache/src/gvisor-$gvisor-$(cat "$here"/gvisor/patches/*.patch | sha256sum | cut -c1-12)
 if [[ ! -f $gvisor_src/.patched ]]; then
   rm -rf "$cache"/src/gvisor-* && mkdir -p "$(dirname "$gvisor_src")"  # older pins' copies too
-  cp -r "$(cd "$here/gvisor" && go list -m -f '{{.Dir}}' gvisor.dev/gvisor)" "$gvisor_src"
+  gvisor_dir=$(cd "$here/gvisor" && go mod download gvisor.dev/gvisor && go list -m -f '{{.Dir}}' gvisor.dev/gvisor)
+  [[ -d $gvisor_dir ]] || { echo "gVisor module $gvisor not found after download" >&2; exit 1; }
+  cp -r "$gvisor_dir" "$gvisor_src"
   chmod -R u+w "$gvisor_src"
   for p in "$here"/gvisor/patches/*.patch; do patch -s -d "$gvisor_src" -p1 < "$p"; done
   touch "$gvisor_src/.patched"
