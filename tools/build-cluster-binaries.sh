@@ -95,7 +95,7 @@ log "crictl $critools"
   -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$critools" sigs.k8s.io/cri-tools/cmd/crictl)
 
 # One `go build` for all Kubernetes commands so shared packages compile once.
-log "kubernetes $k8s (the long part: 20-40 minutes on 2 cores when cold)"
+log "kubernetes $k8s (the longest part: 6-8 minutes on 2 cores when cold)"
 vflags=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   vflags+=" -X $pkg.gitVersion=$k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
