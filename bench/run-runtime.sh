@@ -9,7 +9,7 @@ export WARREN_BIN_DIR=$bin_dir
 WARREN_HOME=$(mktemp -d "${TMPDIR:-/tmp}/warren-bench.XXXXXX")
 export WARREN_HOME
 config=$PWD/tests/cluster/warren-test.yaml
-cleanup() { "$venv/warren" cluster down --wipe --config "$config" || true; rm -rf "$WARREN_HOME"; }
+cleanup() { "$venv/warren" cluster down --wipe --config "$config" || true; rm -rf --one-file-system "$WARREN_HOME"; }
 trap cleanup EXIT
 "$venv/warren" cluster up --config "$config"
 "$venv/warren" apply --config "$config"

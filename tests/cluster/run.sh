@@ -15,7 +15,7 @@ mkdir -p "$results"
 
 cleanup() {
   "$venv/warren" cluster down --wipe --config "$WARREN_TEST_CONFIG" || true
-  rm -rf "$WARREN_HOME"
+  rm -rf --one-file-system "$WARREN_HOME"  # never through a mount that survived
 }
 trap cleanup EXIT
 

@@ -78,10 +78,6 @@ def test_sandbox_pod_has_no_service_account_token(
     assert "serviceaccount" not in mounts
 
 
-@pytest.mark.skip(
-    reason="needs runsc to honour nodev and to carry a volume's host nosuid,nodev flags into the "
-    "sandbox (gVisor patch not written yet); /workspace comes from the blockd CSI driver later"
-)
 def test_workspace_is_nosuid_nodev(core: client.CoreV1Api, sandbox_home: str, sandbox: str) -> None:
     mounts = exec_in(core, sandbox_home, sandbox, ["cat", "/proc/mounts"]).output
     lines = [line.split() for line in mounts.splitlines() if len(line.split()) > 3]

@@ -71,6 +71,22 @@ def _shared_netns_dir() -> None:
     subprocess.run(["mount", "--make-shared", str(NETNS_DIR)], check=True)
 
 
+def _nosuid_nodev(directory: Path) -> None:
+    """Keep every pod volume on a nosuid,nodev mount: the kernel keeps those flags on the
+    bind mounts a container gets, and runsc carries them into the sandbox (patch 0002), so
+    /workspace and every other volume refuse set-user-ID programs and device files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(directory):
+            if {"nosuid", "nodev"} <= set(fields[5].split(",")):
+                return
+            break
+    else:
+        subprocess.run(["mount", "--bind", str(directory), str(directory)], check=True)
+    subprocess.run(["mount", "-o", "remount,bind,nosuid,nodev", str(directory)], check=True)
+
+
 def _sysctl(key: str, value: str) -> None:
     path = Path("/proc/sys") / key.replace(".", "/")
     if not path.exists():
@@ -131,6 +147,7 @@ class LocalNode:
         layout = self.layout(ctx)
         cfg = ctx.config
         pki = ctx.layout
+        _nosuid_nodev(layout.kubelet_root)
         for directory in (
             layout.containerd_root,
             layout.containerd_state,

@@ -66,9 +66,15 @@ def _kill_orphan_shims(layout: NodeLayout) -> None:
 
 
 def _unmount(root: Path) -> None:
-    for point in mounts_under(root):
-        if _run("umount", point).returncode != 0:
-            _run("umount", "-l", point)
+    # A path can carry stacked mounts (a bind over itself, propagation copies): repeat
+    # until nothing is left, deepest first each round.
+    for _ in range(10):
+        points = mounts_under(root)
+        if not points:
+            return
+        for point in points:
+            if _run("umount", point).returncode != 0:
+                _run("umount", "-l", point)
 
 
 def _remove_network(ctx: ClusterContext, layout: NodeLayout, progress: Callable[[str], None]) -> None:
