@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from warren import paths
-from warren.cluster.local import ClusterError, LocalCluster
+from warren.cluster.local import BIN_DIR_RECORD, ClusterError, LocalCluster
 from warren.config import ConfigError, WarrenConfig, load_config
 
 console = Console(stderr=True)
@@ -29,11 +29,15 @@ def _config(path: Path | None) -> WarrenConfig:
 
 
 def _bin_dir(value: Path | None) -> Path:
-    """--bin-dir, else $WARREN_BIN_DIR, else the directory of etcd on PATH."""
+    """--bin-dir, else $WARREN_BIN_DIR, else the directory the running cluster was started
+    from, else the directory of kube-apiserver on PATH."""
     if value:
         return value
     if env := os.environ.get("WARREN_BIN_DIR"):
         return Path(env)
+    recorded = paths.cluster_state_dir() / BIN_DIR_RECORD
+    if recorded.is_file() and Path(recorded.read_text().strip()).is_dir():
+        return Path(recorded.read_text().strip())
     from shutil import which
 
     found = which("kube-apiserver")
@@ -75,8 +79,13 @@ def cluster() -> None:
 
 def _local(config_path: Path | None, bin_dir: Path | None, need_bins: bool = True) -> LocalCluster:
     cfg = _config(config_path)
-    # down and status never start a binary, so they work without knowing where they are.
-    bins = _bin_dir(bin_dir) if need_bins else Path(os.environ.get("WARREN_BIN_DIR", "."))
+    # down and status never start a binary, so they work even when no binaries are found.
+    try:
+        bins = _bin_dir(bin_dir)
+    except click.ClickException:
+        if need_bins:
+            raise
+        bins = Path()
     from warren.node.provider import LocalNode
 
     state = paths.cluster_state_dir()

@@ -29,6 +29,7 @@ from warren.cluster.process import Supervisor
 from warren.config import ClusterConfig
 
 STATE_MARKER = ".warren-cluster"  # `down --wipe` deletes only a directory that carries this
+BIN_DIR_RECORD = "bin-dir"  # which binaries `up` used, so `down` finds the same tools
 
 
 class ClusterError(RuntimeError):
@@ -58,7 +59,9 @@ class NodeProvider(Protocol):
 
     def after_up(self, ctx: ClusterContext) -> None: ...
 
-    def teardown(self, ctx: ClusterContext, wipe: bool) -> None: ...
+    def teardown(self, ctx: ClusterContext, wipe: bool) -> list[str]:
+        """Undo what the node made on the host; returns the names of processes it stopped."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,7 @@ class LocalCluster:
         state = self.layout.state_dir
         state.mkdir(parents=True, exist_ok=True, mode=0o700)
         (state / STATE_MARKER).touch()
+        (state / BIN_DIR_RECORD).write_text(f"{self.layout.bin_dir.resolve()}\n")
         self._ensure_pki(ctx)
         self._write_kubeconfigs()
         for component in control_plane(self.config, self.layout, ctx.advertise_address):
@@ -266,7 +270,7 @@ class LocalCluster:
         names += [n for n in recorded if n not in names]
         for node in reversed(self.nodes):
             if ctx is not None:
-                node.teardown(ctx, wipe)
+                stopped += node.teardown(ctx, wipe)
         for name in reversed(names):
             if self.supervisor.stop(name):
                 stopped.append(name)

@@ -343,5 +343,5 @@ class LocalNode:
 
     # -- teardown -----------------------------------------------------------------------
 
-    def teardown(self, ctx: ClusterContext, wipe: bool) -> None:
-        teardown.run(ctx, self.layout(ctx), self.progress)
+    def teardown(self, ctx: ClusterContext, wipe: bool) -> list[str]:
+        return teardown.run(ctx, self.layout(ctx), self.progress)

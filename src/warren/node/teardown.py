@@ -22,11 +22,13 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
-def run(ctx: ClusterContext, layout: NodeLayout, progress: Callable[[str], None]) -> None:
+def run(ctx: ClusterContext, layout: NodeLayout, progress: Callable[[str], None]) -> list[str]:
     sup = ctx.supervisor
+    stopped = []
     # The kubelet first, so it does not start again what is being removed.
     for name in ("kubelet", "kube-proxy"):
         if sup.stop(name):
+            stopped.append(name)
             progress(f"{name}: stopped")
     if sup.running("containerd") is not None:
         crictl = str(ctx.layout.bin_dir / "crictl")
@@ -40,10 +42,12 @@ def run(ctx: ClusterContext, layout: NodeLayout, progress: Callable[[str], None]
         else:
             progress(f"crictl rmp failed ({result.stderr.strip()[:200]}); cleaning up by hand")
     if sup.stop("containerd"):
+        stopped.append("containerd")
         progress("containerd: stopped")
     _kill_orphan_shims(layout)
     _unmount(layout.root)
     _remove_network(ctx, layout, progress)
+    return stopped
 
 
 def _kill_orphan_shims(layout: NodeLayout) -> None:
