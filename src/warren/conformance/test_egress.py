@@ -17,7 +17,7 @@ from kubernetes import client
 
 from warren.config import WarrenConfig
 from warren.conformance.kube import busybox_pod, exec_in, running_pod, unique
-from warren.conformance.testhosts import PORT, TestHost
+from warren.conformance.testhosts import PORT, ProbeHost
 
 FORBIDDEN = {
     "10/8": "10.199.0.10",
@@ -36,11 +36,11 @@ def _wanted(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture(scope="module")
-def hosts() -> Iterator[dict[str, TestHost]]:
-    made: dict[str, TestHost] = {}
+def hosts() -> Iterator[dict[str, ProbeHost]]:
+    made: dict[str, ProbeHost] = {}
     try:
         for label, address in {**FORBIDDEN, "public": PUBLIC}.items():
-            made[label] = TestHost.create(address)
+            made[label] = ProbeHost.create(address)
         yield made
     finally:
         for host in made.values():
@@ -53,7 +53,9 @@ def image(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def sandbox(core: client.CoreV1Api, sandbox_ns: str, image: str, hosts: dict[str, TestHost]) -> Iterator[str]:
+def sandbox(
+    core: client.CoreV1Api, sandbox_ns: str, image: str, hosts: dict[str, ProbeHost]
+) -> Iterator[str]:
     name = unique("egress")
     running_pod(core, sandbox_ns, busybox_pod(name, image))
     yield name
@@ -61,7 +63,7 @@ def sandbox(core: client.CoreV1Api, sandbox_ns: str, image: str, hosts: dict[str
 
 
 @pytest.fixture(scope="module")
-def plain(core: client.CoreV1Api, plain_ns: str, image: str, hosts: dict[str, TestHost]) -> Iterator[str]:
+def plain(core: client.CoreV1Api, plain_ns: str, image: str, hosts: dict[str, ProbeHost]) -> Iterator[str]:
     name = unique("egress-plain")
     running_pod(core, plain_ns, busybox_pod(name, image, runtime_class=None))
     yield name
@@ -74,7 +76,7 @@ def connects(core: client.CoreV1Api, ns: str, pod: str, address: str, port: int)
     return result.code == 0
 
 
-def fetch(core: client.CoreV1Api, ns: str, pod: str, host: TestHost) -> str:
+def fetch(core: client.CoreV1Api, ns: str, pod: str, host: ProbeHost) -> str:
     """The test host's answer to an HTTP GET from the pod ("" if it could not connect).
     nc with a hand-written request: busybox-static's wget crashes in some images."""
     request = f'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 3 {host.address} {PORT}'
@@ -84,7 +86,7 @@ def fetch(core: client.CoreV1Api, ns: str, pod: str, host: TestHost) -> str:
 
 @pytest.mark.parametrize("label", sorted(FORBIDDEN))
 def test_sandbox_cannot_reach(
-    core: client.CoreV1Api, sandbox_ns: str, sandbox: str, hosts: dict[str, TestHost], label: str
+    core: client.CoreV1Api, sandbox_ns: str, sandbox: str, hosts: dict[str, ProbeHost], label: str
 ) -> None:
     host = hosts[label]
     assert fetch(core, sandbox_ns, sandbox, host) == "", f"sandbox reached {host.address} ({label})"
@@ -92,14 +94,14 @@ def test_sandbox_cannot_reach(
 
 @pytest.mark.parametrize("label", sorted(FORBIDDEN))
 def test_non_sandbox_pod_reaches_the_same_host(
-    core: client.CoreV1Api, plain_ns: str, plain: str, hosts: dict[str, TestHost], label: str
+    core: client.CoreV1Api, plain_ns: str, plain: str, hosts: dict[str, ProbeHost], label: str
 ) -> None:
     host = hosts[label]
     assert f"warren-test-host {host.address}" in fetch(core, plain_ns, plain, host)
 
 
 def test_sandbox_reaches_public_address(
-    core: client.CoreV1Api, sandbox_ns: str, sandbox: str, hosts: dict[str, TestHost]
+    core: client.CoreV1Api, sandbox_ns: str, sandbox: str, hosts: dict[str, ProbeHost]
 ) -> None:
     host = hosts["public"]
     assert f"warren-test-host {host.address}" in fetch(core, sandbox_ns, sandbox, host)

@@ -54,7 +54,7 @@ def covered_by_a_route(address: str) -> str | None:
 
 
 @dataclass
-class TestHost:
+class ProbeHost:
     address: str
     netns: str
     host_link: str
@@ -65,7 +65,7 @@ class TestHost:
         return f"http://{self.address}:{PORT}/"
 
     @classmethod
-    def create(cls, address: str) -> TestHost:
+    def create(cls, address: str) -> ProbeHost:
         clash = covered_by_a_route(address)
         if clash:
             raise RuntimeError(f"test host {address} would sit on {clash}, a network this machine routes")
