@@ -6,7 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 export WARREN_CACHE ?= $(HOME)/.cache/warren
 
-.PHONY: deploy down test lint unit cluster-test binaries venv clean bench-runtime
+.PHONY: deploy down test lint unit blockd cluster-test binaries venv clean bench-runtime
+BLOCKD := packages/warren-blockd
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -29,17 +30,27 @@ deploy: venv
 down: venv
 	$(BIN)/warren cluster down
 
-## Every test tier CI runs: lint, unit, cluster (conformance against a real API server).
-test: lint unit cluster-test
+## Every test tier CI runs: lint, unit, blockd (unit + real SeaweedFS), cluster
+## (conformance against a real API server and a real gVisor node).
+test: lint unit blockd cluster-test
 
 lint: venv
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests packages bench
+	$(BIN)/ruff format --check src tests packages bench
 	$(BIN)/mypy
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint
 
 unit: venv
 	$(BIN)/pytest tests/unit
+
+# Each package has its own environment: boto3's and kubernetes' pins cannot share one.
+$(BLOCKD)/.venv/.installed: $(BLOCKD)/pyproject.toml
+	$(PYTHON) -m venv $(BLOCKD)/.venv
+	$(BLOCKD)/.venv/bin/pip install --quiet -e '$(BLOCKD)[test]' pytest==9.2.0
+	touch $@
+
+blockd: $(BLOCKD)/.venv/.installed
+	cd $(BLOCKD) && .venv/bin/pytest
 
 cluster-test: venv
 	tests/cluster/run.sh

@@ -31,10 +31,15 @@ def pod(name: str, runtime: str) -> dict[str, object]:
     spec: dict[str, object] = {
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 0,
-        "containers": [{
-            "name": "main", "image": busybox_image(), "imagePullPolicy": "Never",
-            "command": ["sleep", "3600"], "securityContext": {"allowPrivilegeEscalation": False},
-        }],
+        "containers": [
+            {
+                "name": "main",
+                "image": busybox_image(),
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+                "securityContext": {"allowPrivilegeEscalation": False},
+            }
+        ],
     }
     if runtime == "gvisor":
         spec["runtimeClassName"] = "gvisor"
@@ -48,8 +53,9 @@ def ready_ms(core: client.CoreV1Api, runtime: str) -> float:
     stream = watch.Watch()
     start = time.monotonic()
     core.create_namespaced_pod(ns, pod(name, runtime))
-    for event in stream.stream(core.list_namespaced_pod, ns, field_selector=f"metadata.name={name}",
-                               timeout_seconds=180):
+    for event in stream.stream(
+        core.list_namespaced_pod, ns, field_selector=f"metadata.name={name}", timeout_seconds=180
+    ):
         conditions = event["object"].status.conditions or []
         if any(c.type == "Ready" and c.status == "True" for c in conditions):
             elapsed = (time.monotonic() - start) * 1000
@@ -105,8 +111,18 @@ def runsc_do_true_ms(bin_dir: Path, platform: str, samples: int) -> list[float]:
     with tempfile.TemporaryDirectory() as root:
         for _ in range(samples):
             start = time.monotonic()
-            subprocess.run([str(bin_dir / "runsc"), f"--root={root}", f"--platform={platform}", "--network=none",
-                            "do", "true"], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    str(bin_dir / "runsc"),
+                    f"--root={root}",
+                    f"--platform={platform}",
+                    "--network=none",
+                    "do",
+                    "true",
+                ],
+                check=True,
+                capture_output=True,
+            )
             runs.append((time.monotonic() - start) * 1000)
     return runs
 

@@ -1,0 +1,60 @@
+"""Blobs as files under one directory (node disk, tests, air-gapped single nodes)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from warren_blockd.errors import BlobError, NotFoundError, PreconditionFailedError
+
+
+class LocalDriver:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise BlobError(key, "keys are relative paths without '..'")
+        return self.root / key
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise NotFoundError(key, "no such blob") from None
+
+    def put(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write aside, fsync, then publish in one step: readers never see half a blob.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            if create_only:
+                try:
+                    os.link(tmp, path)  # fails if the key exists: the file system's O_EXCL
+                except FileExistsError:
+                    raise PreconditionFailedError(key, "already exists") from None
+            else:
+                Path(tmp).replace(path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str) -> list[str]:
+        base = self.root
+        return sorted(
+            str(p.relative_to(base))
+            for p in base.rglob("*")
+            if p.is_file() and not p.name.startswith(".tmp-") and str(p.relative_to(base)).startswith(prefix)
+        )
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)

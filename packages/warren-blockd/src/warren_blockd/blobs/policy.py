@@ -1,0 +1,83 @@
+"""The one policy layer over every blob driver: retries with backoff for transient
+failures only, a deadline per operation, and verify-before-serve for chunks."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from warren_blockd import chunks
+from warren_blockd.blobs import BlobDriver
+from warren_blockd.errors import CorruptError, TransientError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 6
+    base_delay: float = 0.05
+    max_delay: float = 2.0
+    deadline: float = 30.0
+
+
+class PolicyStore:
+    def __init__(
+        self,
+        driver: BlobDriver,
+        policy: RetryPolicy = RetryPolicy(),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.driver = driver
+        self.policy = policy
+        self.sleep = sleep
+        self.retries = 0  # exposed as a metric
+
+    def _run(self, op: Callable[[], T]) -> T:
+        start = time.monotonic()
+        for attempt in range(1, self.policy.attempts + 1):
+            try:
+                return op()
+            except TransientError:
+                late = time.monotonic() - start > self.policy.deadline
+                if attempt == self.policy.attempts or late:
+                    raise
+                self.retries += 1
+                delay = min(self.policy.max_delay, self.policy.base_delay * 2 ** (attempt - 1))
+                self.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311  # jitter, not secrecy
+        raise AssertionError("unreachable")
+
+    def get(self, key: str) -> bytes:
+        return self._run(lambda: self.driver.get(key))
+
+    def put(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+        # A create-only write that lost (PreconditionFailedError) is never retried: the caller
+        # must stop, not write again over what another writer published.
+        self._run(lambda: self.driver.put(key, data, create_only=create_only))
+
+    def exists(self, key: str) -> bool:
+        return self._run(lambda: self.driver.exists(key))
+
+    def list(self, prefix: str) -> list[str]:
+        return self._run(lambda: self.driver.list(prefix))
+
+    def put_chunk(self, raw: bytes) -> str:
+        """Store a chunk (idempotent: same content, same key) and return its digest."""
+        digest, stored = chunks.encode(raw)
+        key = chunks.key_for(digest)
+        if not self.exists(key):
+            self.put(key, stored)
+        return digest
+
+    def get_chunk(self, digest: str) -> bytes:
+        """A chunk's raw bytes, verified. A corrupt fetch is fetched once more (it may have
+        been cut short on the way); corrupt twice, the error reaches the caller."""
+        key = chunks.key_for(digest)
+        try:
+            return chunks.decode(digest, self.get(key))
+        except CorruptError:
+            self.retries += 1
+            return chunks.decode(digest, self.get(key))

@@ -1,0 +1,76 @@
+"""The same behaviour from every driver: local files always, S3 against real SeaweedFS."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from warren_blockd.blobs import BlobDriver
+from warren_blockd.blobs.local import LocalDriver
+from warren_blockd.errors import NotFoundError, PreconditionFailedError
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
+def driver(request: pytest.FixtureRequest, local_root: Path) -> BlobDriver:
+    if request.param == "local":
+        return LocalDriver(local_root)
+    from warren_blockd.blobs.s3 import S3Driver
+
+    endpoint = request.getfixturevalue("seaweedfs")
+    bucket = request.getfixturevalue("bucket")
+    return S3Driver(bucket, endpoint=endpoint, access_key="any", secret_key="any", timeout=5)
+
+
+def test_put_get_list_delete(driver: BlobDriver) -> None:
+    driver.put("a/one", b"1")
+    driver.put("a/two", b"2")
+    driver.put("b/three", b"3")
+    assert driver.get("a/one") == b"1"
+    assert driver.list("a/") == ["a/one", "a/two"]
+    assert driver.exists("b/three")
+    driver.delete("b/three")
+    assert not driver.exists("b/three")
+    with pytest.raises(NotFoundError):
+        driver.get("b/three")
+
+
+def test_create_only_refuses_an_existing_key(driver: BlobDriver) -> None:
+    driver.put("log/00000001", b"first", create_only=True)
+    with pytest.raises(PreconditionFailedError):
+        driver.put("log/00000001", b"second", create_only=True)
+    assert driver.get("log/00000001") == b"first"
+
+
+def test_racing_create_only_writers_one_wins(driver: BlobDriver) -> None:
+    """Eight writers race for one sequence number: exactly one publishes, the rest lose."""
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def writer(n: int) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                driver.put("log/00000042", f"writer {n}".encode(), create_only=True)
+                result = f"won {n}"
+            except PreconditionFailedError:
+                result = "lost"
+            with lock:
+                outcomes.append(result)
+
+        return run
+
+    threads = [threading.Thread(target=writer(n)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [o for o in outcomes if o.startswith("won")]
+    assert len(winners) == 1, outcomes
+    assert driver.get("log/00000042") == f"writer {winners[0].split()[1]}".encode()
+
+
+def test_overwrite_without_condition(driver: BlobDriver) -> None:
+    driver.put("manifest/latest", b"v1")
+    driver.put("manifest/latest", b"v2")
+    assert driver.get("manifest/latest") == b"v2"
