@@ -1,0 +1,160 @@
+"""Replication: receipts never claim more than is proven, the backlog bound slows writers
+down, spooled batches survive a crash, and split brain stops the lane. The outage is a
+wrapper driver that fails on demand (a real store cannot be taken down and back per test)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from warren_blockd.blobs.local import LocalDriver
+from warren_blockd.blobs.policy import PolicyStore, RetryPolicy
+from warren_blockd.errors import TransientError
+from warren_blockd.replicator import Replicator
+from warren_blockd.workspace import LogLane, SplitBrainError, Workspace
+
+BLOCK = 4096
+
+
+class Switchable(LocalDriver):
+    """A local store that can be made unreachable (every call a transient error)."""
+
+    up = True
+
+    def _check(self, key: str) -> None:
+        if not self.up:
+            raise TransientError(key, "store unreachable (injected)")
+
+    def get(self, key: str) -> bytes:
+        self._check(key)
+        return super().get(key)
+
+    def put(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+        self._check(key)
+        super().put(key, data, create_only=create_only)
+
+    def exists(self, key: str) -> bool:
+        self._check(key)
+        return super().exists(key)
+
+
+def until(condition: object, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Switchable, Workspace]:
+    driver = Switchable(tmp_path / "store")
+    store = PolicyStore(driver, RetryPolicy(attempts=2, base_delay=0.001), sleep=lambda _s: None)
+    ws = Workspace(store, "ws")
+    ws.create(1024)
+    return driver, ws
+
+
+def test_local_then_replicated(setup: tuple[Switchable, Workspace], tmp_path: Path) -> None:
+    _, ws = setup
+    rep = Replicator(ws, tmp_path / "spool", backlog_bound=1 << 20, next_seq=1)
+    rep.write(0, b"a" * BLOCK)
+    receipt = rep.flush()
+    assert receipt.level == "local"
+    assert rep.wait_replicated(receipt.seq, timeout=10).level == "replicated"
+    assert ws.effective().lookup(0) is not None
+    assert not list((tmp_path / "spool").glob("*.batch"))
+    rep.close()
+
+
+def test_receipt_stays_local_while_the_store_is_down(
+    setup: tuple[Switchable, Workspace], tmp_path: Path
+) -> None:
+    driver, ws = setup
+    driver.up = False
+    rep = Replicator(ws, tmp_path / "spool", backlog_bound=1 << 20, next_seq=1)
+    rep.write(0, b"b" * BLOCK)
+    receipt = rep.flush()
+    assert rep.wait_replicated(receipt.seq, timeout=0.3).level == "local"
+    assert len(list((tmp_path / "spool").glob("*.batch"))) == 1  # kept on node disk
+    driver.up = True
+    assert rep.wait_replicated(receipt.seq, timeout=10).level == "replicated"
+    rep.close()
+
+
+def test_writers_wait_only_at_the_bound(setup: tuple[Switchable, Workspace], tmp_path: Path) -> None:
+    driver, ws = setup
+    driver.up = False
+    rep = Replicator(ws, tmp_path / "spool", backlog_bound=2 * BLOCK, next_seq=1)
+    rep.write(0, b"c" * BLOCK)
+    rep.flush()  # backlog below the bound: returns at once
+    assert rep.waits == 0
+    rep.write(1, b"d" * BLOCK)
+    rep.flush()  # now the backlog is at the bound
+    done = threading.Event()
+
+    def third() -> None:
+        rep.write(2, b"e" * BLOCK)
+        rep.flush()
+        done.set()
+
+    thread = threading.Thread(target=third)
+    thread.start()
+    assert until(lambda: rep.waits >= 1)  # the third writer is held back
+    assert not done.is_set()
+    driver.up = True  # the uploader drains; the writer goes on
+    assert done.wait(10)
+    thread.join()
+    assert rep.wait_replicated(3, timeout=10).level == "replicated"
+    rep.close()
+
+
+def test_spooled_batches_survive_a_crash(setup: tuple[Switchable, Workspace], tmp_path: Path) -> None:
+    driver, ws = setup
+    driver.up = False
+    crashed = Replicator(ws, tmp_path / "spool", backlog_bound=1 << 20, next_seq=1)
+    crashed.write(4, b"f" * BLOCK)
+    crashed.flush()
+    crashed.close(drain=False)  # gone before it could upload
+    assert not crashed._thread.is_alive()
+    driver.up = True
+    resumed = Replicator(ws, tmp_path / "spool", backlog_bound=1 << 20, next_seq=1)
+    assert resumed.wait_replicated(1, timeout=10).level == "replicated"
+    assert ws.effective().lookup(4) is not None
+    resumed.close()
+
+
+def test_a_record_we_already_published_is_not_split_brain(
+    setup: tuple[Switchable, Workspace], tmp_path: Path
+) -> None:
+    _, ws = setup
+    rep = Replicator(ws, tmp_path / "spool", backlog_bound=1 << 20, next_seq=1)
+    rep.write(0, b"g" * BLOCK)
+    batch = rep.flush()
+    saved = tmp_path / "saved.batch"
+    shutil.copy(tmp_path / "spool" / f"{batch.seq:016d}.batch", saved)
+    assert rep.wait_replicated(batch.seq, timeout=10).level == "replicated"
+    rep.close()
+    # A crash between publishing and deleting the spool file: the batch is still there.
+    shutil.copy(saved, tmp_path / "spool" / f"{batch.seq:016d}.batch")
+    again = Replicator(ws, tmp_path / "spool", backlog_bound=1 << 20, next_seq=1)
+    assert again.wait_replicated(batch.seq, timeout=10).level == "replicated"
+    assert again.error is None
+    again.close()
+
+
+def test_split_brain_stops_replication(setup: tuple[Switchable, Workspace], tmp_path: Path) -> None:
+    _, ws = setup
+    LogLane(ws, 1).publish([(0, b"x" * BLOCK)])  # another writer holds sequence 1
+    rep = Replicator(ws, tmp_path / "spool", backlog_bound=1 << 20, next_seq=1)
+    rep.write(0, b"y" * BLOCK)
+    receipt = rep.flush()
+    with pytest.raises(SplitBrainError):
+        rep.wait_replicated(receipt.seq, timeout=10)
+    with pytest.raises(SplitBrainError):
+        rep.flush()
+    rep.close()
