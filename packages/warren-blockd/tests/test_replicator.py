@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from warren_blockd.blobs.local import LocalDriver
 from warren_blockd.blobs.policy import PolicyStore, RetryPolicy
-from warren_blockd.errors import TransientError
+from warren_blockd.errors import FatalError, TransientError
 from warren_blockd.replicator import Replicator
 from warren_blockd.workspace import LogLane, SplitBrainError, Workspace
 
@@ -157,4 +157,22 @@ def test_split_brain_stops_replication(setup: tuple[Switchable, Workspace], tmp_
         rep.wait_replicated(receipt.seq, timeout=10)
     with pytest.raises(SplitBrainError):
         rep.flush()
+    rep.close()
+
+
+def test_a_store_that_refuses_us_stops_replication_and_keeps_the_spool(
+    setup: tuple[Switchable, Workspace], tmp_path: Path
+) -> None:
+    driver, ws = setup
+
+    def refuse(key: str, data: bytes, *, create_only: bool = False) -> None:
+        raise FatalError(key, "AccessDenied: check the bucket and credentials (injected)")
+
+    driver.put = refuse  # type: ignore[method-assign]
+    rep = Replicator(ws, tmp_path / "spool", backlog_bound=1 << 20, next_seq=1)
+    rep.write(0, b"z" * BLOCK)
+    receipt = rep.flush()
+    with pytest.raises(FatalError):
+        rep.wait_replicated(receipt.seq, timeout=10)
+    assert len(list((tmp_path / "spool").glob("*.batch"))) == 1
     rep.close()

@@ -21,7 +21,7 @@ def store(request: pytest.FixtureRequest, local_root: Path) -> PolicyStore:
 
     endpoint = request.getfixturevalue("seaweedfs")
     bucket = request.getfixturevalue("bucket")
-    return PolicyStore(S3Driver(bucket, endpoint=endpoint, access_key="any", secret_key="any", timeout=5))
+    return PolicyStore(S3Driver(bucket, endpoint=endpoint, access_key="any", secret_key="any", timeout=30))
 
 
 def block(fill: int, count: int = 1) -> bytes:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from warren_blockd.errors import BlobError
+from warren_blockd.errors import BlobError, FatalError
 from warren_blockd.workspace import LogLane, SplitBrainError, Workspace
 
 BLOCK = 4096
@@ -47,7 +47,8 @@ class Replicator:
         self._next_spool_seq = max(self._queue, default=next_seq - 1) + 1
         self.lane.next_seq = min(self._queue, default=next_seq)
         self.replicated_seq = self.lane.next_seq - 1
-        self.error: SplitBrainError | None = None
+        # Split brain or a store that refuses us for good: the uploader stops, the spool stays.
+        self.error: SplitBrainError | FatalError | None = None
         self._closing = False
         self._abandon = False
         self.waits = 0  # times a writer waited at the bound (a metric)
@@ -143,12 +144,12 @@ class Replicator:
             batch = self._read_spool(seq)
             try:
                 self._publish(seq, batch)
-            except SplitBrainError as exc:
+            except (SplitBrainError, FatalError) as exc:
                 with self._cond:
                     self.error = exc
                     self._cond.notify_all()
                 return
-            except (BlobError, OSError):  # the store is unreachable: keep the spool, try again
+            except (BlobError, OSError):  # unreachable for now: keep the spool, try again
                 with self._cond:
                     self._cond.wait(0.5)
                 continue
