@@ -29,6 +29,7 @@ def test_put_get_list_delete(driver: BlobDriver) -> None:
     driver.put("b/three", b"3")
     assert driver.get("a/one") == b"1"
     assert driver.list("a/") == ["a/one", "a/two"]
+    assert driver.list("a/", start_after="a/one") == ["a/two"]
     assert driver.exists("b/three")
     driver.delete("b/three")
     assert not driver.exists("b/three")

@@ -36,8 +36,8 @@ class Flaky:
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
 
-    def list(self, prefix: str) -> list[str]:
-        return self.inner.list(prefix)
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
+        return self.inner.list(prefix, start_after)
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)

@@ -24,6 +24,7 @@ from warren_blockd.errors import BlobError, FatalError
 from warren_blockd.workspace import LogLane, SplitBrainError, Workspace
 
 BLOCK = 4096
+MAX_PAYLOAD_BLOCKS = 64  # a write payload becomes one chunk of at most 256 KiB
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Replicator:
         self.bound = backlog_bound
         spool.mkdir(parents=True, exist_ok=True)
         self.lane = LogLane(workspace, next_seq)
-        self._batch: list[tuple[int, bytes]] = []
+        self._batch: dict[int, bytes] = {}  # block -> newest data: rewrites in a batch coalesce
         self._cond = threading.Condition()
         self._queue: list[int] = sorted(int(p.stem) for p in spool.glob("*.batch"))
         self._backlog = sum(p.stat().st_size for p in spool.glob("*.batch"))
@@ -63,13 +64,29 @@ class Replicator:
         if not data or len(data) % BLOCK:
             raise ValueError(f"a write is whole 4 KiB blocks; got {len(data)} bytes")
         with self._cond:
-            self._batch.append((first_block, data))
+            for i in range(len(data) // BLOCK):
+                self._batch[first_block + i] = data[i * BLOCK : (i + 1) * BLOCK]
+
+    @property
+    def pending_blocks(self) -> int:
+        """Blocks written since the last flush (not yet on node disk as a batch)."""
+        with self._cond:
+            return len(self._batch)
+
+    @property
+    def backlog_bytes(self) -> int:
+        with self._cond:
+            return self._backlog
 
     def flush(self) -> Receipt:
         """Seal the current batch on node disk; returns a `local` receipt for it."""
         with self._cond:
             if self.error:
                 raise self.error
+            if not self._batch:  # nothing new: the receipt is for the last sealed batch
+                last = self._next_spool_seq - 1
+                level: Literal["local", "replicated"] = "replicated" if self.replicated_seq >= last else "local"
+                return Receipt(self.workspace.workspace_id, last, level)
             while self._backlog >= self.bound and not self.error:
                 self.waits += 1
                 self._cond.wait()  # at the bound: slow down until the uploader drains
@@ -77,8 +94,8 @@ class Replicator:
                 raise self.error
             seq = self._next_spool_seq
             self._next_spool_seq += 1
-            batch, self._batch = self._batch, []
-        path = self._write_spool(seq, batch)
+            blocks, self._batch = self._batch, {}
+        path = self._write_spool(seq, _runs(blocks))
         with self._cond:
             self._backlog += path.stat().st_size
             self._queue.append(seq)
@@ -181,3 +198,19 @@ class Replicator:
         record = json.loads(self.workspace.store.get(key))
         ours = [[first, len(data) // BLOCK, chunks.digest_of(data), 0] for first, data in batch]
         return bool(record.get("extents") == ours)
+
+
+def _runs(blocks: dict[int, bytes]) -> list[tuple[int, bytes]]:
+    """Contiguous runs of blocks, each at most one payload long."""
+    runs: list[tuple[int, bytes]] = []
+    start, parts = -1, list[bytes]()
+    for block in sorted(blocks):
+        if parts and (block != start + len(parts) or len(parts) == MAX_PAYLOAD_BLOCKS):
+            runs.append((start, b"".join(parts)))
+            parts = []
+        if not parts:
+            start = block
+        parts.append(blocks[block])
+    if parts:
+        runs.append((start, b"".join(parts)))
+    return runs

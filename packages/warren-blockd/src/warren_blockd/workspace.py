@@ -11,6 +11,7 @@ effective manifest under the child's id and copies no data.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from warren_blockd.blobs.policy import PolicyStore
@@ -58,10 +59,10 @@ class Workspace:
         """Restore is a read: the newest consolidated manifest plus the log tail after it."""
         _, manifest = self._newest_manifest()
         seq = manifest.log_seq
-        for key in self.store.list(f"{self.prefix}log/"):
+        log = f"{self.prefix}log/"
+        # Only the tail is listed: restore costs the same however long the history is.
+        for key in self.store.list(log, start_after=f"{log}{_n(manifest.log_seq)}"):
             record_seq = int(key.rsplit("/", 1)[1])
-            if record_seq <= manifest.log_seq:
-                continue
             if record_seq != seq + 1:
                 raise RuntimeError(f"{self.workspace_id}: log gap between {seq} and {record_seq}")
             writes = [Extent(*e) for e in json.loads(self.store.get(key))["extents"]]
@@ -69,11 +70,16 @@ class Workspace:
             seq = record_seq
         return manifest
 
-    def consolidate(self) -> Manifest:
-        """Publish the effective manifest as a new generation (the log tail then starts after it)."""
-        generation, _ = self._newest_manifest()
+    def consolidate(self, keep: int = 3) -> Manifest:
+        """Publish the effective manifest as a new generation (the log tail then starts after
+        it) and drop generations older than the newest `keep`; log records stay as history."""
+        generation, newest = self._newest_manifest()
         manifest = self.effective()
+        if manifest.log_seq == newest.log_seq:
+            return manifest  # nothing new since the last consolidation
         self.store.put(f"{self.prefix}manifests/{_n(generation + 1)}", manifest.to_bytes(), create_only=True)
+        for old in self.store.list(f"{self.prefix}manifests/")[:-keep]:
+            self.store.delete(old)
         return manifest
 
     def fork(self, child_ids: list[str]) -> dict[str, str | None]:
@@ -97,24 +103,25 @@ class LogLane:
     confirmed in storage before the record is published, and the record is written
     create-only: if another writer already holds that sequence number the lane stops."""
 
-    def __init__(self, workspace: Workspace, next_seq: int) -> None:
+    def __init__(self, workspace: Workspace, next_seq: int, parallel: int = 16) -> None:
         self.workspace = workspace
         self.next_seq = next_seq
         self.stopped: str | None = None
+        self._pool = ThreadPoolExecutor(parallel, thread_name_prefix=f"put-{workspace.workspace_id}")
 
     def publish(self, payloads: list[tuple[int, bytes]]) -> int:
         """Store each (first block, data) as a chunk, then publish the record; returns its seq."""
         if self.stopped:
             raise SplitBrainError(self.stopped)
         store = self.workspace.store
-        extents = []
         for first_block, data in payloads:
             if not data or len(data) % 4096:
                 raise ValueError(
                     f"a write is whole 4 KiB blocks; got {len(data)} bytes at block {first_block}"
                 )
-            digest = store.put_chunk(data)  # confirmed before the record can name it
-            extents.append([first_block, len(data) // 4096, digest, 0])
+        # Chunks go up in parallel; every one is confirmed before the record can name it.
+        digests = list(self._pool.map(lambda p: store.put_chunk(p[1], check_first=False), payloads))
+        extents = [[first, len(data) // 4096, digest, 0] for (first, data), digest in zip(payloads, digests)]
         seq = self.next_seq
         record = json.dumps({"seq": seq, "extents": extents}).encode()
         try:

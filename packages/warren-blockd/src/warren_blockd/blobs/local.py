@@ -48,13 +48,13 @@ class LocalDriver:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
         base = self.root
-        return sorted(
-            str(p.relative_to(base))
-            for p in base.rglob("*")
-            if p.is_file() and not p.name.startswith(".tmp-") and str(p.relative_to(base)).startswith(prefix)
-        )
+        top = base / prefix.rpartition("/")[0]  # walk only the directory the prefix names
+        if not top.is_dir():
+            return []
+        keys = (str(p.relative_to(base)) for p in top.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
+        return sorted(k for k in keys if k.startswith(prefix) and k > start_after)
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

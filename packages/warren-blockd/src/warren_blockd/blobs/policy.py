@@ -61,14 +61,19 @@ class PolicyStore:
     def exists(self, key: str) -> bool:
         return self._run(lambda: self.driver.exists(key))
 
-    def list(self, prefix: str) -> list[str]:
-        return self._run(lambda: self.driver.list(prefix))
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
+        return self._run(lambda: self.driver.list(prefix, start_after))
 
-    def put_chunk(self, raw: bytes) -> str:
-        """Store a chunk (idempotent: same content, same key) and return its digest."""
+    def delete(self, key: str) -> None:
+        self._run(lambda: self.driver.delete(key))
+
+    def put_chunk(self, raw: bytes, *, check_first: bool = True) -> str:
+        """Store a chunk (idempotent: same content, same key) and return its digest.
+        check_first skips the upload of a chunk already stored; fresh writes skip the check
+        (one round trip less per chunk, and rewriting identical bytes is harmless)."""
         digest, stored = chunks.encode(raw)
         key = chunks.key_for(digest)
-        if not self.exists(key):
+        if not check_first or not self.exists(key):
             self.put(key, stored)
         return digest
 

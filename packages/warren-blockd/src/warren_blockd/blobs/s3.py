@@ -32,6 +32,7 @@ class S3Driver:
             connect_timeout=timeout,
             read_timeout=timeout,
             retries={"total_max_attempts": 1},
+            max_pool_connections=64,  # chunk uploads and fault-ins run in parallel
             s3={"addressing_style": "path"},
         )
         self.client: Any = boto3.client(
@@ -84,11 +85,12 @@ class S3Driver:
             raise error from None
         return True
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
         keys: list[str] = []
         paginator = self.client.get_paginator("list_objects_v2")
+        extra = {"StartAfter": self._key(start_after)} if start_after else {}
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix), **extra):
                 keys += [item["Key"][len(self.prefix) :] for item in page.get("Contents", [])]
         except (ClientError, BotoCoreError) as exc:
             raise self._translate(prefix, exc) from None
