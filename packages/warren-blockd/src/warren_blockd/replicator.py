@@ -35,7 +35,9 @@ class Receipt:
 
 
 class Replicator:
-    def __init__(self, workspace: Workspace, spool: Path, backlog_bound: int, next_seq: int) -> None:
+    def __init__(
+        self, workspace: Workspace, spool: Path, backlog_bound: int, next_seq: int, *, start: bool = True
+    ) -> None:
         self.workspace = workspace
         self.spool = spool
         self.bound = backlog_bound
@@ -56,6 +58,11 @@ class Replicator:
         self._thread = threading.Thread(
             target=self._upload_loop, name=f"replicate-{workspace.workspace_id}", daemon=True
         )
+        if start:
+            self._thread.start()
+
+    def start(self) -> None:
+        """Start uploading (a caller that must read the spool first creates us with start=False)."""
         self._thread.start()
 
     # -- writers ---------------------------------------------------------------------
@@ -85,7 +92,9 @@ class Replicator:
                 raise self.error
             if not self._batch:  # nothing new: the receipt is for the last sealed batch
                 last = self._next_spool_seq - 1
-                level: Literal["local", "replicated"] = "replicated" if self.replicated_seq >= last else "local"
+                level: Literal["local", "replicated"] = (
+                    "replicated" if self.replicated_seq >= last else "local"
+                )
                 return Receipt(self.workspace.workspace_id, last, level)
             while self._backlog >= self.bound and not self.error:
                 self.waits += 1
@@ -120,9 +129,18 @@ class Replicator:
             self._closing = True
             self._abandon = not drain
             self._cond.notify_all()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.lane.close()
 
     # -- spool -----------------------------------------------------------------------
+
+    def spooled(self) -> list[tuple[int, bytes]]:
+        """Every write still waiting in the spool, oldest first (a restart serves them from
+        node disk until they are replicated)."""
+        with self._cond:
+            queue = list(self._queue)
+        return [run for seq in queue for run in self._read_spool(seq)]
 
     def _spool_path(self, seq: int) -> Path:
         return self.spool / f"{seq:016d}.batch"

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from warren_blockd.blobs.policy import PolicyStore
-from warren_blockd.errors import NotFoundError, PreconditionFailedError
+from warren_blockd.errors import BlobError, NotFoundError, PreconditionFailedError
 from warren_blockd.manifest import Extent, Manifest
 
 
@@ -85,17 +85,18 @@ class Workspace:
     def fork(self, child_ids: list[str]) -> dict[str, str | None]:
         """Publish this workspace's effective manifest under each child id: one small write
         per child, no chunk copied. Each child succeeds or fails on its own."""
-        manifest = self.effective()
-        results: dict[str, str | None] = {}
-        for child in child_ids:
+        manifest = self.effective()  # read once: children never wait on each other or the source
+        base = Manifest(manifest.size_blocks, manifest.extents)
+
+        def one(child: str) -> str | None:
             try:
-                Workspace(self.store, child).create(
-                    manifest.size_blocks, Manifest(manifest.size_blocks, manifest.extents)
-                )
-                results[child] = None
-            except WorkspaceExistsError as exc:
-                results[child] = str(exc)
-        return results
+                Workspace(self.store, child).create(base.size_blocks, base)
+                return None
+            except (WorkspaceExistsError, BlobError) as exc:
+                return str(exc)
+
+        with ThreadPoolExecutor(min(32, max(1, len(child_ids)))) as pool:
+            return dict(zip(child_ids, pool.map(one, child_ids), strict=True))
 
 
 class LogLane:
@@ -109,6 +110,9 @@ class LogLane:
         self.stopped: str | None = None
         self._pool = ThreadPoolExecutor(parallel, thread_name_prefix=f"put-{workspace.workspace_id}")
 
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
     def publish(self, payloads: list[tuple[int, bytes]]) -> int:
         """Store each (first block, data) as a chunk, then publish the record; returns its seq."""
         if self.stopped:
@@ -121,7 +125,10 @@ class LogLane:
                 )
         # Chunks go up in parallel; every one is confirmed before the record can name it.
         digests = list(self._pool.map(lambda p: store.put_chunk(p[1], check_first=False), payloads))
-        extents = [[first, len(data) // 4096, digest, 0] for (first, data), digest in zip(payloads, digests)]
+        extents = [
+            [first, len(data) // 4096, digest, 0]
+            for (first, data), digest in zip(payloads, digests, strict=True)
+        ]
         seq = self.next_seq
         record = json.dumps({"seq": seq, "extents": extents}).encode()
         try:

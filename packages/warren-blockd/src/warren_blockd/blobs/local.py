@@ -53,7 +53,8 @@ class LocalDriver:
         top = base / prefix.rpartition("/")[0]  # walk only the directory the prefix names
         if not top.is_dir():
             return []
-        keys = (str(p.relative_to(base)) for p in top.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
+        files = (p for p in top.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
+        keys = (str(p.relative_to(base)) for p in files)
         return sorted(k for k in keys if k.startswith(prefix) and k > start_after)
 
     def delete(self, key: str) -> None:
