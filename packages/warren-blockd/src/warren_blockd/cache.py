@@ -15,6 +15,7 @@ from pathlib import Path
 
 from warren_blockd import chunks, metrics
 from warren_blockd.blobs.policy import PolicyStore
+from warren_blockd.errors import CorruptError
 
 
 class ChunkCache:
@@ -66,8 +67,12 @@ class ChunkCache:
         else:
             if raw is not None:  # the node copy went bad: drop it, fetch again
                 metrics.CORRUPT_CHUNKS.labels("node").inc()
-            with metrics.FETCH_SECONDS.time():
-                raw = self.store.get_chunk(digest)  # verified, or CorruptError
+            try:
+                with metrics.FETCH_SECONDS.time():
+                    raw = self.store.get_chunk(digest)  # verified, or CorruptError
+            except CorruptError:
+                metrics.CORRUPT_CHUNKS.labels("storage").inc()
+                raise
             metrics.CHUNK_FETCHES.inc()
             self._keep_on_disk(path, raw)
         self._remember(digest, raw)

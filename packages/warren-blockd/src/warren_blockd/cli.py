@@ -63,6 +63,7 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = Settings(
         backlog_bound=args.backlog_bound,
+        batch_bytes=args.batch_bytes,
         flush_interval=args.flush_interval,
         consolidate_records=args.consolidate_records,
     )
@@ -180,6 +181,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--state-dir", default=os.environ.get("WARREN_BLOCKD_STATE", "/var/lib/warren-blockd"))
     s.add_argument(
         "--backlog-bound", type=size, default=size("256M"), help="un-replicated bytes before writers wait"
+    )
+    s.add_argument(
+        "--batch-bytes", type=size, default=size("32M"), help="written bytes held before a batch is sealed"
     )
     s.add_argument("--flush-interval", type=float, default=1.0, help="seconds between batch seals")
     s.add_argument("--consolidate-records", type=int, default=64, help="log records between consolidations")

@@ -97,7 +97,6 @@ class Daemon:
         self.attached: dict[str, Attached] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
-        self.fuse_dir.mkdir(parents=True, exist_ok=True)
 
     def _dir(self, workspace_id: str) -> Path:
         return self.state / "workspaces" / workspace_id
@@ -115,7 +114,9 @@ class Daemon:
                 subprocess.run(["losetup", "-d", info["loop"]], capture_output=True, check=False)
             record.unlink()
             log.info("cleaned stale mount", extra={"fields": info})
+        # A FUSE mount whose process died answers every stat with ENOTCONN: detach it first.
         subprocess.run(["fusermount3", "-u", "-z", str(self.fuse_dir)], capture_output=True, check=False)
+        self.fuse_dir.mkdir(parents=True, exist_ok=True)
 
     def background(self) -> None:
         """Seal batches every flush_interval and consolidate manifests now and then."""
@@ -336,6 +337,8 @@ class Daemon:
         att = self.attached.get(workspace_id)
         if att is None:
             raise BlockdError("not_attached", f"workspace {workspace_id} is not attached on this node")
+        if att.replicator.error:  # a stopped lane says why, whatever the filesystem says
+            raise att.replicator.error
         if att.target:
             run("sync", "-f", att.target)  # the filesystem's dirty pages reach the device first
         receipt = att.device.flush()

@@ -10,7 +10,13 @@ from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, Rea
 
 from warren_blockd.errors import BlobError, FatalError, NotFoundError, PreconditionFailedError, TransientError
 
-FATAL_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket", "InvalidBucketName"}
+FATAL_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "NoSuchBucket",
+    "InvalidBucketName",
+}
 
 
 class S3Driver:

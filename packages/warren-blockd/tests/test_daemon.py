@@ -1,0 +1,136 @@
+"""The daemon end to end: real FUSE, loop devices, ext4 mounted nosuid,nodev, a real SeaweedFS."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Blockd
+from warren_blockd.client import ApiError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def node(blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str) -> Blockd:
+    return blockd_factory(f"s3://{bucket}", seaweedfs, "--consolidate-records", "4")
+
+
+def mount_options(target: Path) -> set[str]:
+    out = subprocess.run(
+        ["findmnt", "-n", "-o", "FSTYPE,OPTIONS", str(target)], capture_output=True, text=True, check=True
+    )
+    fstype, _, options = out.stdout.strip().partition(" ")
+    assert fstype == "ext4", out
+    return set(options.strip().split(","))
+
+
+def test_workspace_is_a_real_ext4_mounted_nosuid_nodev(node: Blockd, tmp_path: Path) -> None:
+    node.client.create("ws", 256 << 20)
+    target = tmp_path / "ws"
+    mounted = node.client.action("ws", "mount", target=str(target))
+    assert mounted["device"].startswith("/dev/loop")
+    assert {"nosuid", "nodev", "rw"} <= mount_options(target)
+    (target / "hello.txt").write_text("hello\n")
+    receipt = node.client.action("ws", "flush", wait_replicated=60)
+    assert receipt["level"] == "replicated"
+    # A setuid binary on the workspace does not gain privileges: nosuid holds for real.
+    probe = target / "id"
+    probe.write_bytes(Path("/usr/bin/id").read_bytes())
+    probe.chmod(0o4755)
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(probe), "-u"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "65534"
+
+
+def test_fork_children_see_the_source_and_diverge_on_their_own(node: Blockd, tmp_path: Path) -> None:
+    node.client.create("src", 256 << 20)
+    src = tmp_path / "src"
+    node.client.action("src", "mount", target=str(src))
+    payload = os.urandom(3 << 20)
+    (src / "data.bin").write_bytes(payload)
+    (src / "note.txt").write_text("original\n")
+    # The source stays mounted: fork freezes it while its writes reach storage.
+    result = node.client.action("src", "fork", children=["kid-1", "kid-2", "kid-3"])
+    assert result["children"] == {"kid-1": None, "kid-2": None, "kid-3": None}
+    again = node.client.action("src", "fork", children=["kid-1"])
+    assert "already exists" in again["children"]["kid-1"]
+    kids = {}
+    for kid in ("kid-1", "kid-2", "kid-3"):
+        kids[kid] = tmp_path / kid
+        node.client.action(kid, "mount", target=str(kids[kid]))
+        assert (kids[kid] / "data.bin").read_bytes() == payload
+    (kids["kid-2"] / "note.txt").write_text("changed in kid-2\n")
+    (src / "note.txt").write_text("changed in the source\n")
+    assert (kids["kid-1"] / "note.txt").read_text() == "original\n"
+    assert (kids["kid-3"] / "note.txt").read_text() == "original\n"
+    assert (kids["kid-2"] / "note.txt").read_text() == "changed in kid-2\n"
+    # Unmount and restore: each child's own writes came through storage.
+    assert node.client.action("kid-2", "unmount", wait_replicated=60)["level"] == "replicated"
+    node.client.action("kid-2", "restore", target=str(kids["kid-2"]))
+    assert (kids["kid-2"] / "note.txt").read_text() == "changed in kid-2\n"
+
+
+def test_consolidation_runs_and_restore_uses_it(
+    node: Blockd, blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str, tmp_path: Path
+) -> None:
+    import boto3
+
+    node.client.create("hist", 64 << 20)
+    target = tmp_path / "hist"
+    node.client.action("hist", "mount", target=str(target))
+    for i in range(12):
+        (target / f"f{i}").write_text(f"version {i}\n")
+        node.client.action("hist", "flush", wait_replicated=60)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=seaweedfs,
+        region_name="us-east-1",
+        aws_access_key_id="any",
+        aws_secret_access_key="any",
+    )
+
+    def generations() -> list[str]:
+        listing = s3.list_objects_v2(Bucket=bucket, Prefix="workspaces/hist/manifests/")
+        return [item["Key"] for item in listing.get("Contents", [])]
+
+    deadline = time.monotonic() + 30
+    while not any(not key.endswith("0000000000000000") for key in generations()):
+        assert time.monotonic() < deadline, f"no consolidated manifest: {generations()}"
+        time.sleep(0.5)
+    node.client.action("hist", "unmount", wait_replicated=60)
+    other = blockd_factory(f"s3://{bucket}", seaweedfs, name="other-node")  # empty node: restore from storage
+    restored = other.client.action("hist", "restore", target=str(tmp_path / "restored"))
+    assert restored["log_seq"] > 0
+    assert [(tmp_path / "restored" / f"f{i}").read_text() for i in range(12)] == [
+        f"version {i}\n" for i in range(12)
+    ]
+
+
+def test_api_errors_are_clear_and_metrics_and_logs_are_served(node: Blockd) -> None:
+    with pytest.raises(ApiError) as bad_id:
+        node.client.create("Not_Valid", 64 << 20)
+    assert bad_id.value.status == 400 and "lowercase letters" in str(bad_id.value)
+    with pytest.raises(ApiError) as bad_size:
+        node.client.create("small", 4096)
+    assert "at least 16 MiB" in str(bad_size.value)
+    with pytest.raises(ApiError) as missing:
+        node.client.action("nope", "mount", target="/tmp/never")
+    assert missing.value.status == 404
+    node.client.create("exists-once", 64 << 20)
+    with pytest.raises(ApiError) as twice:
+        node.client.create("exists-once", 64 << 20)
+    assert twice.value.status == 409
+    text = node.client.metrics()
+    assert "blockd_chunk_fetches_total" in text and "blockd_flushes_total" in text
+    events = [json.loads(line) for line in node.log().splitlines() if line.startswith("{")]
+    assert any(e["event"] == "detached" and e["workspace"] == "exists-once" for e in events)
