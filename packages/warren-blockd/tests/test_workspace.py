@@ -59,6 +59,42 @@ def test_fork_copies_no_data_and_children_diverge(store: PolicyStore) -> None:
     assert Workspace(store, "child-1").effective().lookup(3) == src.effective().lookup(3)
 
 
+def test_a_fork_writes_the_same_few_bytes_whatever_the_source_size(store: PolicyStore) -> None:
+    from warren_blockd.manifest import Extent, Manifest
+
+    sizes = {}
+    for name, extents in (("small", 10), ("large", 5000)):
+        manifest = Manifest(extents * 2, tuple(Extent(i * 2, 1, f"{i:064x}") for i in range(extents)))
+        Workspace(store, name).create(manifest.size_blocks, manifest)
+        assert Workspace(store, name).fork([f"{name}-kid"]) == {f"{name}-kid": None}
+        [key] = store.list(f"workspaces/{name}-kid/manifests/")
+        sizes[name] = len(store.get(key))
+        assert Workspace(store, f"{name}-kid").effective().extents == manifest.extents
+    assert sizes["small"] == sizes["large"] < 200
+
+
+def test_generations_under_a_fork_are_kept_until_the_fork_flattens(store: PolicyStore) -> None:
+    src = Workspace(store, "base")
+    src.create(64)
+    lane = LogLane(src, 1)
+    lane.publish([(0, block(1))])
+    assert src.fork(["leaf"]) == {"leaf": None}  # consolidates the tail first, then stands on it
+    for i in range(6):  # many consolidations later the fork's base is still there
+        lane.publish([(1, block(10 + i))])
+        src.consolidate(keep=1)
+    leaf = Workspace(store, "leaf")
+    assert leaf.effective().lookup(0) == Workspace(store, "base").effective().lookup(0)
+    assert leaf.effective().lookup(1) is None
+    LogLane(leaf, 1).publish([(2, block(3))])
+    leaf.consolidate()  # flattened: the source's old generation is free to go
+    assert store.list("workspaces/base/refs/") == []
+    src.consolidate(keep=1)
+    lane.publish([(1, block(99))])
+    src.consolidate(keep=1)
+    assert len(store.list("workspaces/base/manifests/")) <= 2
+    assert leaf.effective().lookup(2) is not None and leaf.effective().lookup(0) is not None
+
+
 def test_fork_into_an_existing_id_fails_alone(store: PolicyStore) -> None:
     src = Workspace(store, "src2")
     src.create(16)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 BLOCK_SIZE = 4096
 
@@ -71,6 +72,9 @@ class Manifest:
             extents = sorted(kept)
         return Manifest(self.size_blocks, tuple(extents), self.log_seq if log_seq is None else log_seq)
 
+    def with_log_seq(self, log_seq: int) -> Manifest:
+        return Manifest(self.size_blocks, self.extents, log_seq)
+
     def chunks(self) -> set[str]:
         return {e.chunk for e in self.extents}
 
@@ -86,7 +90,10 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
-        doc = json.loads(data)
+        return cls.from_doc(json.loads(data))
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Manifest:
         if doc.get("version") != 1 or doc.get("block_size") != BLOCK_SIZE:
             raise ValueError("unsupported manifest version or block size")
         extents = tuple(Extent(a, b, c, d) for a, b, c, d in doc["extents"])

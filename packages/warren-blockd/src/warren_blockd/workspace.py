@@ -1,8 +1,10 @@
 """A workspace in object storage: consolidated manifests, an ordered log of writes, forks.
 
 Layout under `workspaces/<id>/`:
-  manifests/<generation>   consolidated manifests (create-only; newest wins)
-  log/<seq>                write records after the newest manifest (create-only)
+  manifests/<generation>-<log seq>   consolidated manifests (create-only; newest wins); a
+                                     fork's first generation names its source's as its base
+  log/<seq>                          write records after the newest manifest (create-only)
+  refs/<generation>/<child>          forks standing on that generation (kept while named)
 
 Chunks live once, in `chunks/`, shared by every workspace: a fork publishes the source's
 effective manifest under the child's id and copies no data.
@@ -40,57 +42,101 @@ class Workspace:
     def prefix(self) -> str:
         return f"workspaces/{self.workspace_id}/"
 
+    def _manifest_key(self, generation: int, log_seq: int) -> str:
+        # The log position is in the name: fork and restore learn it from a listing alone.
+        return f"{self.prefix}manifests/{_n(generation)}-{_n(log_seq)}"
+
     def create(self, size_blocks: int, manifest: Manifest | None = None) -> Manifest:
         manifest = manifest or Manifest(size_blocks)
-        try:
-            self.store.put(f"{self.prefix}manifests/{_n(0)}", manifest.to_bytes(), create_only=True)
-        except PreconditionFailedError:
-            raise WorkspaceExistsError(f"workspace {self.workspace_id} already exists") from None
+        self._publish_generation(0, manifest.log_seq, manifest.to_bytes())
         return manifest
 
-    def _newest_manifest(self) -> tuple[int, Manifest]:
-        keys = self.store.list(f"{self.prefix}manifests/")
-        if not keys:
+    def _publish_generation(self, generation: int, log_seq: int, body: bytes) -> None:
+        try:
+            self.store.put(self._manifest_key(generation, log_seq), body, create_only=True)
+        except PreconditionFailedError:
+            if generation == 0:
+                raise WorkspaceExistsError(f"workspace {self.workspace_id} already exists") from None
+            raise
+
+    def _generations(self) -> list[tuple[int, int, str]]:
+        """(generation, log_seq, key) of every stored generation, oldest first."""
+        found = []
+        for key in self.store.list(f"{self.prefix}manifests/"):
+            generation, _, log_seq = key.rsplit("/", 1)[1].partition("-")
+            found.append((int(generation), int(log_seq), key))
+        if not found:
             raise NotFoundError(self.prefix, "no such workspace")
-        newest = keys[-1]
-        return int(newest.rsplit("/", 1)[1]), Manifest.from_bytes(self.store.get(newest))
+        return found
+
+    def load(self, key: str) -> Manifest:
+        """A stored generation, resolved: a fork's generation names its source's generation as
+        its base and carries only its own extents on top."""
+        doc = json.loads(self.store.get(key))
+        if "base" not in doc:
+            return Manifest.from_doc(doc)
+        base = self.load(doc["base"])
+        own = [Extent(*e) for e in doc["extents"]]
+        return base.overlay(own, log_seq=doc["log_seq"]) if own else base.with_log_seq(doc["log_seq"])
+
+    def _tail(self, log_seq: int) -> list[str]:
+        log = f"{self.prefix}log/"
+        # Only the tail is listed: restore costs the same however long the history is.
+        return self.store.list(log, start_after=f"{log}{_n(log_seq)}")
 
     def effective(self) -> Manifest:
         """Restore is a read: the newest consolidated manifest plus the log tail after it."""
-        _, manifest = self._newest_manifest()
-        seq = manifest.log_seq
-        log = f"{self.prefix}log/"
-        # Only the tail is listed: restore costs the same however long the history is.
-        for key in self.store.list(log, start_after=f"{log}{_n(manifest.log_seq)}"):
-            record_seq = int(key.rsplit("/", 1)[1])
+        _, log_seq, key = self._generations()[-1]
+        manifest = self.load(key)
+        seq = log_seq
+        for record in self._tail(log_seq):
+            record_seq = int(record.rsplit("/", 1)[1])
             if record_seq != seq + 1:
                 raise RuntimeError(f"{self.workspace_id}: log gap between {seq} and {record_seq}")
-            writes = [Extent(*e) for e in json.loads(self.store.get(key))["extents"]]
+            writes = [Extent(*e) for e in json.loads(self.store.get(record))["extents"]]
             manifest = manifest.overlay(writes, log_seq=record_seq)
             seq = record_seq
         return manifest
 
     def consolidate(self, keep: int = 3) -> Manifest:
-        """Publish the effective manifest as a new generation (the log tail then starts after
-        it) and drop generations older than the newest `keep`; log records stay as history."""
-        generation, newest = self._newest_manifest()
+        """Publish the effective manifest, flattened, as a new generation (the log tail then
+        starts after it). Older generations beyond the newest `keep` are dropped unless a
+        fork still stands on them; log records stay as history."""
+        generations = self._generations()
+        generation, log_seq, newest_key = generations[-1]
+        if not self._tail(log_seq):
+            return self.load(newest_key)  # nothing new since the last consolidation
         manifest = self.effective()
-        if manifest.log_seq == newest.log_seq:
-            return manifest  # nothing new since the last consolidation
-        self.store.put(f"{self.prefix}manifests/{_n(generation + 1)}", manifest.to_bytes(), create_only=True)
-        for old in self.store.list(f"{self.prefix}manifests/")[:-keep]:
-            self.store.delete(old)
+        self._publish_generation(generation + 1, manifest.log_seq, manifest.to_bytes())
+        self._release_base(newest_key)
+        for old_generation, _, old_key in generations[: -keep or None]:
+            if not self.store.list(f"{self.prefix}refs/{_n(old_generation)}/"):
+                self.store.delete(old_key)
         return manifest
 
+    def _release_base(self, key: str) -> None:
+        """Once flattened, a fork no longer stands on its source's generation."""
+        doc = json.loads(self.store.get(key))
+        if "base" in doc:
+            source, generation = doc["base"].split("/")[1], doc["base"].rsplit("/", 1)[1].partition("-")[0]
+            self.store.delete(f"workspaces/{source}/refs/{generation}/{self.workspace_id}")
+
     def fork(self, child_ids: list[str]) -> dict[str, str | None]:
-        """Publish this workspace's effective manifest under each child id: one small write
-        per child, no chunk copied. Each child succeeds or fails on its own."""
-        manifest = self.effective()  # read once: children never wait on each other or the source
-        base = Manifest(manifest.size_blocks, manifest.extents)
+        """Each child gets a generation that names this workspace's newest generation as its
+        base: one small write per child whatever the workspace's size, no chunk copied, and
+        no child waits on another. Unconsolidated writes are consolidated first, so the base
+        is exactly the effective manifest. Each child succeeds or fails on its own."""
+        generation, log_seq, key = self._generations()[-1]
+        if self._tail(log_seq):
+            self.consolidate()
+            generation, log_seq, key = self._generations()[-1]
+        body = json.dumps({"version": 1, "base": key, "log_seq": 0, "extents": []}).encode()
 
         def one(child: str) -> str | None:
             try:
-                Workspace(self.store, child).create(base.size_blocks, base)
+                # The reference first: a generation is never dropped under a fork.
+                self.store.put(f"{self.prefix}refs/{_n(generation)}/{child}", b"")
+                Workspace(self.store, child)._publish_generation(0, 0, body)
                 return None
             except (WorkspaceExistsError, BlobError) as exc:
                 return str(exc)
