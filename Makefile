@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export WARREN_CACHE ?= $(HOME)/.cache/warren
 
-.PHONY: deploy down test lint unit blockd cluster-test binaries venv clean bench-runtime
+.PHONY: deploy down test lint unit blockd cluster-test binaries venv clean bench-runtime bench-blockd
 BLOCKD := packages/warren-blockd
 
 venv: $(VENV)/.installed
@@ -58,6 +58,12 @@ cluster-test: venv
 ## Benchmarks write JSON to bench/results/ (ratios against a baseline from the same run).
 bench-runtime: venv
 	bench/run-runtime.sh
+
+# As root (FUSE, loop devices, mounts); the project-build images come from the Go module
+# cache the cluster binaries fill, so those are built (or found) first.
+bench-blockd: $(BLOCKD)/.venv/.installed
+	tools/build-cluster-binaries.sh >/dev/null
+	$(BLOCKD)/.venv/bin/python bench/blockd.py
 
 clean:
 	rm -rf $(VENV) test-results rendered

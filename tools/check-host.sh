@@ -7,6 +7,9 @@ declare -A packages=(
   [ip]=iproute2 [make]=make [sha256sum]=coreutils [patch]=patch [gcc]=gcc
   [runc]=runc [nft]=nftables [iptables]=iptables
   [conntrack]=conntrack [/bin/busybox]=busybox-static [/usr/lib/cni/bridge]=containernetworking-plugins
+  # warren-blockd: the FUSE-served device, loop devices and ext4.
+  [fusermount3]=fuse3 [mkfs.ext4]=e2fsprogs [debugfs]=e2fsprogs [losetup]=mount
+  [fsfreeze]=util-linux [setpriv]=util-linux [findmnt]=util-linux
 )
 need=()
 for tool in "${!packages[@]}"; do

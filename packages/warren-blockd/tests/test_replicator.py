@@ -176,3 +176,22 @@ def test_a_store_that_refuses_us_stops_replication_and_keeps_the_spool(
         rep.wait_replicated(receipt.seq, timeout=10)
     assert len(list((tmp_path / "spool").glob("*.batch"))) == 1
     rep.close()
+
+
+def test_a_batch_becomes_contiguous_runs_with_the_newest_write_winning() -> None:
+    from warren_blockd.replicator import MAX_PAYLOAD_BLOCKS, _runs
+
+    def blocks(fill: int, count: int) -> bytes:
+        return bytes([fill]) * BLOCK * count
+
+    # Streaming writes merge into full payloads; a gap starts a new run.
+    long = [(i * 32, blocks(1, 32)) for i in range(MAX_PAYLOAD_BLOCKS // 16)] + [(10_000, blocks(2, 1))]
+    runs = _runs(long)
+    assert [(first, len(data) // BLOCK) for first, data in runs] == [
+        (0, MAX_PAYLOAD_BLOCKS),
+        (MAX_PAYLOAD_BLOCKS, MAX_PAYLOAD_BLOCKS),
+        (10_000, 1),
+    ]
+    # Rewrites inside one batch: the later write wins block by block.
+    runs = _runs([(0, blocks(1, 4)), (2, blocks(9, 4)), (1, blocks(5, 1))])
+    assert runs == [(0, blocks(1, 1) + blocks(5, 1) + blocks(9, 4))]

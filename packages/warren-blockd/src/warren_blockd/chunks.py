@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 
 import zstandard
 
@@ -27,9 +28,15 @@ def key_for(digest: str) -> str:
     return f"chunks/{digest[:2]}/{digest}"
 
 
+_local = threading.local()
+
+
 def encode(raw: bytes) -> tuple[str, bytes]:
     """(digest, stored bytes) for a chunk's raw content."""
-    frame = zstandard.ZstdCompressor(level=LEVEL).compress(raw)
+    compressor = getattr(_local, "compressor", None)
+    if compressor is None:  # one per thread: a compression context is costly to set up
+        compressor = _local.compressor = zstandard.ZstdCompressor(level=LEVEL)
+    frame = compressor.compress(raw)
     return digest_of(raw), HEADER.pack(MAGIC, len(raw)) + frame
 
 

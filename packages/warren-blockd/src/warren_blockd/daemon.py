@@ -325,6 +325,14 @@ class Daemon:
         att.replicator.close(timeout=wait_replicated or 0, drain=True)
         att.device.close()
         (self._dir(workspace_id) / "mount.json").unlink(missing_ok=True)
+        if drained:
+            try:  # the next restore, here or on any node, reads one manifest and no tail
+                att.workspace.consolidate()
+            except Exception as exc:
+                log.warning(
+                    "consolidation at detach failed",
+                    extra={"fields": {"workspace": workspace_id, "error": str(exc)}},
+                )
         if drained and not any((self._dir(workspace_id) / "spool").glob("*.batch")):
             shutil.rmtree(self._dir(workspace_id), ignore_errors=True)  # all of it is in storage
         log.info(

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+from concurrent.futures import Future
+from itertools import pairwise
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -24,7 +26,8 @@ from warren_blockd.errors import BlobError, FatalError
 from warren_blockd.workspace import LogLane, SplitBrainError, Workspace
 
 BLOCK = 4096
-MAX_PAYLOAD_BLOCKS = 64  # a write payload becomes one chunk of at most 256 KiB
+PIPELINE_BYTES = 96 << 20  # spooled bytes whose chunks may be uploading at once
+MAX_PAYLOAD_BLOCKS = 256  # a write payload becomes one chunk of at most 1 MiB: fewer, larger PUTs
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,8 @@ class Replicator:
         self.bound = backlog_bound
         spool.mkdir(parents=True, exist_ok=True)
         self.lane = LogLane(workspace, next_seq)
-        self._batch: dict[int, bytes] = {}  # block -> newest data: rewrites in a batch coalesce
+        self._batch: list[tuple[int, bytes]] = []  # writes since the last seal, in arrival order
+        self._pending = 0  # blocks in them
         self._cond = threading.Condition()
         self._queue: list[int] = sorted(int(p.stem) for p in spool.glob("*.batch"))
         self._backlog = sum(p.stat().st_size for p in spool.glob("*.batch"))
@@ -71,14 +75,14 @@ class Replicator:
         if not data or len(data) % BLOCK:
             raise ValueError(f"a write is whole 4 KiB blocks; got {len(data)} bytes")
         with self._cond:
-            for i in range(len(data) // BLOCK):
-                self._batch[first_block + i] = data[i * BLOCK : (i + 1) * BLOCK]
+            self._batch.append((first_block, data))
+            self._pending += len(data) // BLOCK
 
     @property
     def pending_blocks(self) -> int:
         """Blocks written since the last flush (not yet on node disk as a batch)."""
         with self._cond:
-            return len(self._batch)
+            return self._pending
 
     @property
     def backlog_bytes(self) -> int:
@@ -103,8 +107,8 @@ class Replicator:
                 raise self.error
             seq = self._next_spool_seq
             self._next_spool_seq += 1
-            blocks, self._batch = self._batch, {}
-        path = self._write_spool(seq, _runs(blocks))
+            writes, self._batch, self._pending = self._batch, [], 0
+        path = self._write_spool(seq, _runs(writes))
         with self._cond:
             self._backlog += path.stat().st_size
             self._queue.append(seq)
@@ -159,35 +163,42 @@ class Replicator:
         return path
 
     def _read_spool(self, seq: int) -> list[tuple[int, bytes]]:
-        raw = self._spool_path(seq).read_bytes()
-        header, _, body = raw.partition(b"\n")
-        batch, offset = [], 0
-        for first, length in json.loads(header):
-            batch.append((first, body[offset : offset + length]))
-            offset += length
-        return batch
+        # One read per payload: no copy of the whole batch, and the GIL is free while reading.
+        with self._spool_path(seq).open("rb") as handle:
+            return [(first, handle.read(length)) for first, length in json.loads(handle.readline())]
 
     # -- uploader --------------------------------------------------------------------
 
     def _upload_loop(self) -> None:
+        # Chunks of the next few batches go up while earlier records are still being
+        # published; records themselves are published strictly in order, each only after
+        # all of its chunks are confirmed.
+        inflight: dict[int, tuple[list[tuple[int, bytes]], list[Future[str]]]] = {}
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._queue or self._closing)
                 if self._closing and (self._abandon or not self._queue):
                     return
-                seq = self._queue[0]
-            batch = self._read_spool(seq)
+                window = self._window()
+            for seq in window:
+                if seq not in inflight:
+                    batch = self._read_spool(seq)
+                    inflight[seq] = (batch, self.lane.upload(batch))
+            seq = window[0]
+            batch, futures = inflight[seq]
             try:
-                self._publish(seq, batch)
+                self._publish(seq, batch, [future.result() for future in futures])
             except (SplitBrainError, FatalError) as exc:
                 with self._cond:
                     self.error = exc
                     self._cond.notify_all()
                 return
             except (BlobError, OSError):  # unreachable for now: keep the spool, try again
+                inflight.clear()
                 with self._cond:
                     self._cond.wait(0.5)
                 continue
+            del inflight[seq]
             size = self._spool_path(seq).stat().st_size
             self._spool_path(seq).unlink()
             with self._cond:
@@ -196,10 +207,22 @@ class Replicator:
                 self.replicated_seq = seq
                 self._cond.notify_all()
 
-    def _publish(self, seq: int, batch: list[tuple[int, bytes]]) -> None:
+    def _window(self) -> list[int]:
+        """The queued batches whose chunks may be in flight: up to PIPELINE_BYTES of spool."""
+        window: list[int] = []
+        held = 0
+        for seq in self._queue:
+            size = self._spool_path(seq).stat().st_size
+            if window and held + size > PIPELINE_BYTES:
+                break
+            window.append(seq)
+            held += size
+        return window
+
+    def _publish(self, seq: int, batch: list[tuple[int, bytes]], digests: list[str]) -> None:
         self.lane.next_seq = seq
         try:
-            self.lane.publish(batch)
+            self.lane.record(batch, digests)
         except SplitBrainError:
             if self._already_ours(seq, batch):
                 self.lane.stopped = None
@@ -218,17 +241,33 @@ class Replicator:
         return bool(record.get("extents") == ours)
 
 
-def _runs(blocks: dict[int, bytes]) -> list[tuple[int, bytes]]:
-    """Contiguous runs of blocks, each at most one payload long."""
+def _runs(writes: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    """The batch as contiguous runs of blocks, each at most one payload long, later writes
+    winning where writes overlap."""
+    ordered = sorted(writes, key=lambda w: w[0])  # stable: arrival order kept for equal starts
+    overlapping = any(b[0] < a[0] + len(a[1]) // BLOCK for a, b in pairwise(ordered))
+    if overlapping:  # rewrites inside one batch: resolve block by block (newest wins)
+        blocks: dict[int, memoryview] = {}
+        for first, data in writes:
+            view = memoryview(data)
+            for i in range(len(data) // BLOCK):
+                blocks[first + i] = view[i * BLOCK : (i + 1) * BLOCK]
+        ordered = [(block, bytes(blocks[block])) for block in sorted(blocks)]
     runs: list[tuple[int, bytes]] = []
-    start, parts = -1, list[bytes]()
-    for block in sorted(blocks):
-        if parts and (block != start + len(parts) or len(parts) == MAX_PAYLOAD_BLOCKS):
-            runs.append((start, b"".join(parts)))
-            parts = []
-        if not parts:
-            start = block
-        parts.append(blocks[block])
+    start, parts, size = -1, list[bytes](), 0
+    for first, data in ordered:
+        view, pos = memoryview(data), 0
+        while pos < len(data):
+            block = first + pos // BLOCK
+            if parts and (block != start + size or size == MAX_PAYLOAD_BLOCKS):
+                runs.append((start, b"".join(parts)))
+                parts, size = [], 0
+            if not parts:
+                start = block
+            take = min(len(data) - pos, (MAX_PAYLOAD_BLOCKS - size) * BLOCK)
+            parts.append(bytes(view[pos : pos + take]) if take < len(data) else data)
+            size += take // BLOCK
+            pos += take
     if parts:
         runs.append((start, b"".join(parts)))
     return runs

