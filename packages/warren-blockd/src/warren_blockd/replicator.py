@@ -17,8 +17,8 @@ import json
 import os
 import threading
 from concurrent.futures import Future
-from itertools import pairwise
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
