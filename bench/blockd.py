@@ -175,7 +175,7 @@ def replication_figures(
 ) -> dict[str, float]:
     """The replicator draining writes captured on node disk (its own S3 stack, strict order,
     chunk before record) against plain parallel PUTs of the same bytes in the same sizes,
-    alternated three times each (fresh random bytes every time: nothing dedups). Also, for
+    alternated five times each (fresh random bytes every time: nothing dedups). Also, for
     the record, the same bytes written through a mounted workspace until `replicated`."""
     store = PolicyStore(S3Driver(bucket, endpoint=endpoint, access_key="any", secret_key="any"))
     s3 = boto3.client(
@@ -187,7 +187,7 @@ def replication_figures(
         config=Config(max_pool_connections=64),
     )
     drains, raws = [], []
-    for i in range(3):
+    for i in range(5):
         raws.append(raw_put_once(s3, bucket, f"raw-{i}", os.urandom(size)))
         drains.append(drain_once(store, work, f"drain-{i}", os.urandom(size)))
     payload = os.urandom(size)

@@ -39,6 +39,9 @@ class S3Driver:
             read_timeout=timeout,
             retries={"total_max_attempts": 1},
             max_pool_connections=64,  # chunk uploads and fault-ins run in parallel
+            # Chunks are verified by their SHA-256 before any byte is served; a second,
+            # transport checksum per PUT would only cost CPU.
+            request_checksum_calculation="when_required",
             s3={"addressing_style": "path"},
         )
         self.client: Any = boto3.client(
