@@ -1,0 +1,3 @@
+"""warren-control: the control plane (edge, API, controller, status mirror, reaper)."""
+
+__version__ = "0.1.0"
