@@ -6,8 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 export WARREN_CACHE ?= $(HOME)/.cache/warren
 
-.PHONY: deploy down test lint unit blockd cluster-test binaries venv clean bench-runtime bench-blockd
+.PHONY: deploy down test lint unit blockd control cluster-test binaries venv clean bench-runtime bench-blockd
 BLOCKD := packages/warren-blockd
+CONTROL := packages/warren-control
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -30,9 +31,10 @@ deploy: venv
 down: venv
 	$(BIN)/warren cluster down
 
-## Every test tier CI runs: lint, unit, blockd (unit + real SeaweedFS), cluster
-## (conformance against a real API server and a real gVisor node).
-test: lint unit blockd cluster-test
+## Every test tier CI runs: lint, unit, blockd (unit + real SeaweedFS, FUSE, ext4),
+## control (records on real PostgreSQL and SQLite, the edge against a local OIDC issuer),
+## cluster (conformance against a real API server and a real gVisor node).
+test: lint unit blockd control cluster-test
 
 lint: venv
 	$(BIN)/ruff check src tests packages bench
@@ -51,6 +53,15 @@ $(BLOCKD)/.venv/.installed: $(BLOCKD)/pyproject.toml
 
 blockd: $(BLOCKD)/.venv/.installed
 	cd $(BLOCKD) && .venv/bin/mypy && .venv/bin/pytest
+
+$(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml
+	$(PYTHON) -m venv $(CONTROL)/.venv
+	$(CONTROL)/.venv/bin/pip install --quiet -e '$(CONTROL)[test]'
+	touch $@
+
+# The controller's tests against a live cluster run in their own tier (not yet in `test`).
+control: $(CONTROL)/.venv/.installed
+	cd $(CONTROL) && .venv/bin/mypy && .venv/bin/pytest -m "not cluster"
 
 cluster-test: venv
 	tests/cluster/run.sh

@@ -10,6 +10,8 @@ declare -A packages=(
   # warren-blockd: the FUSE-served device, loop devices and ext4.
   [fusermount3]=fuse3 [mkfs.ext4]=e2fsprogs [debugfs]=e2fsprogs [losetup]=mount
   [fsfreeze]=util-linux [setpriv]=util-linux [findmnt]=util-linux
+  # warren-control: its tests start a real PostgreSQL server.
+  [/usr/lib/postgresql]=postgresql
 )
 need=()
 for tool in "${!packages[@]}"; do

@@ -1,0 +1,272 @@
+"""The edge: the one place that authenticates clients.
+
+A client presents ``Authorization: Bearer wk_...`` (an API key) or ``Authorization: Bearer
+<JWT>`` (OIDC). The edge resolves who that is, strips every ``X-Warren-*`` header the client
+sent (so a client cannot speak for the edge), and forwards the request to the API with a
+freshly signed identity stamp. The response, streamed bodies included, is relayed as it
+arrives so exec output reaches the client live.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from http import HTTPStatus
+from urllib.parse import quote
+
+import anyio
+import httpx
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from . import identity as stamps
+from . import keys
+from .identity import Identity
+from .keys import KeyResolver
+from .oidc import OidcError, OidcVerifier
+
+log = logging.getLogger(__name__)
+
+# (method, path) -> the scope a request needs, or None. Path-prefix rules can plug in here.
+ScopeRule = Callable[[str, str], str | None]
+
+# Headers that describe one hop, not the request (RFC 9110 7.6.1), plus credentials the API
+# must never see (it trusts the stamp alone) and forwarding claims a client could forge.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+_REQUEST_DROP = _HOP_BY_HOP | {b"host", b"authorization", b"cookie", b"expect", b"forwarded", b"x-real-ip"}
+_REQUEST_DROP_PREFIXES = (b"x-warren-", b"x-forwarded-")
+_STAMP_HEADER = stamps.HEADER.lower().encode("ascii")
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+# Compared against when a key id is unknown, so that case costs the same as a wrong secret.
+_NO_SUCH_KEY = keys.hash_secret("no-such-key")
+
+
+class _EdgeError(Exception):
+    def __init__(self, status: int, error: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error = error
+        self.message = message
+
+    def response(self) -> Response:
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == HTTPStatus.UNAUTHORIZED else None
+        return JSONResponse(
+            {"error": self.error, "message": self.message}, status_code=self.status, headers=headers
+        )
+
+
+def _unauthenticated(message: str) -> _EdgeError:
+    return _EdgeError(401, "unauthenticated", message)
+
+
+class _Relay(StreamingResponse):
+    """The backend's response, relayed chunk by chunk with its status and headers."""
+
+    def __init__(self, upstream: httpx.Response) -> None:
+        # Raw bytes, not decoded: the client gets exactly what the backend sent, with the
+        # backend's content-encoding and content-length still true of it.
+        super().__init__(upstream.aiter_raw(), status_code=upstream.status_code)
+        connection_named = {
+            token.strip().lower().encode("latin-1")
+            for token in upstream.headers.get("connection", "").split(",")
+        }
+        self.raw_headers = [
+            (name.lower(), value)
+            for name, value in upstream.headers.raw
+            if name.lower() not in _HOP_BY_HOP and name.lower() not in connection_named
+        ]
+        self.upstream = upstream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Also on client disconnect (a cancelled stream): return the backend connection.
+            with anyio.CancelScope(shield=True):
+                await self.upstream.aclose()
+
+
+class _Edge:
+    def __init__(
+        self,
+        *,
+        backend_url: str,
+        stamp_key: bytes,
+        key_resolver: KeyResolver,
+        oidc: OidcVerifier | None,
+        required_scope: ScopeRule | None,
+        stamp_ttl_s: int,
+        transport: httpx.AsyncBaseTransport | None,
+    ) -> None:
+        # Fail at start-up, not on the first request, if the key or the URL is unusable.
+        stamps.sign(Identity("edge", "self-check"), stamp_key, stamp_ttl_s)
+        self.backend = httpx.URL(backend_url)
+        if self.backend.scheme not in ("http", "https") or not self.backend.host:
+            raise ValueError(f"backend URL must be http(s)://host[:port][/prefix]: {backend_url!r}")
+        self.prefix = self.backend.raw_path.split(b"?", 1)[0].rstrip(b"/")
+        self.stamp_key = stamp_key
+        self.resolver = key_resolver
+        self.oidc = oidc
+        self.required_scope = required_scope
+        self.stamp_ttl_s = stamp_ttl_s
+        self.transport = transport
+        self.client: httpx.AsyncClient | None = None
+
+    def open_client(self) -> httpx.AsyncClient:
+        if self.client is None:
+            self.client = httpx.AsyncClient(
+                transport=self.transport,
+                # No read timeout: an exec stream may be quiet for a long time and still be alive.
+                timeout=httpx.Timeout(connect=10.0, read=None, write=60.0, pool=10.0),
+                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+                follow_redirects=False,
+                # Proxy settings in the environment must not divert the call to the API.
+                trust_env=False,
+            )
+        return self.client
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    async def authenticate(self, request: Request) -> Identity:
+        values = request.headers.getlist("authorization")
+        if not values:
+            raise _unauthenticated("missing credentials: send Authorization: Bearer <API key or token>")
+        if len(values) > 1:
+            raise _unauthenticated("more than one Authorization header")
+        scheme, _, token = values[0].partition(" ")
+        if scheme.lower() != "bearer":
+            raise _unauthenticated("unsupported authorization scheme: use Bearer")
+        token = token.strip()
+        if not token:
+            raise _unauthenticated("empty bearer token")
+        if keys.looks_like_key(token):
+            return await self._from_api_key(token)
+        if self.oidc is None:
+            raise _unauthenticated("not an API key, and this edge accepts no OIDC tokens")
+        try:
+            return await run_in_threadpool(self.oidc.verify, token)
+        except OidcError as exc:
+            if exc.temporary:
+                log.warning("OIDC issuer unavailable: %s", exc.reason)
+                raise _EdgeError(503, "unavailable", "cannot verify tokens right now; retry later") from exc
+            raise _unauthenticated(exc.reason) from exc
+
+    async def _from_api_key(self, token: str) -> Identity:
+        try:
+            key_id = keys.parse(token).key_id
+        except keys.KeyFormatError as exc:
+            raise _unauthenticated("malformed API key") from exc
+        try:
+            stored = await run_in_threadpool(self.resolver.lookup, key_id)
+        except Exception as exc:
+            log.exception("API key lookup failed")
+            raise _EdgeError(503, "unavailable", "cannot check credentials right now; retry later") from exc
+        matches = keys.check(token, stored.secret_sha256 if stored is not None else _NO_SUCH_KEY)
+        # One message for an unknown id and a wrong secret: never say which part was right.
+        if stored is None or not matches:
+            raise _unauthenticated("invalid API key")
+        # Only a holder of the whole key learns that it was revoked.
+        if stored.revoked:
+            raise _unauthenticated("API key revoked")
+        return Identity(org=stored.org, user=stored.user, scopes=frozenset(stored.scopes))
+
+    def _forward_headers(self, request: Request, stamp: str) -> list[tuple[bytes, bytes]]:
+        connection_named = {
+            token.strip().lower().encode("latin-1")
+            for value in request.headers.getlist("connection")
+            for token in value.split(",")
+        }
+        # ASGI servers lower-case header names already; lower-casing again costs nothing.
+        headers = [
+            (name.lower(), value)
+            for name, value in request.headers.raw
+            if name.lower() not in _REQUEST_DROP
+            and name.lower() not in connection_named
+            and not name.lower().startswith(_REQUEST_DROP_PREFIXES)
+        ]
+        headers.append((_STAMP_HEADER, stamp.encode("ascii")))
+        return headers
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            who = await self.authenticate(request)
+            if self.required_scope is not None:
+                needed = self.required_scope(request.method, request.url.path)
+                if needed is not None and needed not in who.scopes:
+                    raise _EdgeError(403, "forbidden", f"this request needs the {needed!r} scope")
+        except _EdgeError as refused:
+            return refused.response()
+        stamp = stamps.sign(who, self.stamp_key, self.stamp_ttl_s)
+        raw_path: bytes = request.scope.get("raw_path") or quote(request.url.path).encode("ascii")
+        query: bytes = request.scope.get("query_string", b"")
+        url = self.backend.copy_with(raw_path=self.prefix + raw_path + (b"?" + query if query else b""))
+        has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
+        client = self.open_client()
+        outgoing = client.build_request(
+            request.method,
+            url,
+            headers=self._forward_headers(request, stamp),
+            content=request.stream() if has_body else None,
+        )
+        try:
+            upstream = await client.send(outgoing, stream=True)
+        except httpx.HTTPError as exc:
+            log.warning("backend unreachable: %s", exc)
+            return _EdgeError(502, "bad_gateway", "the API is unavailable; retry later").response()
+        return _Relay(upstream)
+
+
+def make_edge(
+    backend_url: str,
+    stamp_key: bytes,
+    key_resolver: KeyResolver,
+    oidc: OidcVerifier | None,
+    *,
+    required_scope: ScopeRule | None = None,
+    stamp_ttl_s: int = 60,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Starlette:
+    """The edge as an ASGI app forwarding every path to `backend_url` (which may carry a prefix).
+
+    `required_scope(method, path)` may name a scope the identity must hold (403 otherwise).
+    `transport` replaces the network transport to the backend (e.g. a Unix socket).
+    """
+    edge = _Edge(
+        backend_url=backend_url,
+        stamp_key=stamp_key,
+        key_resolver=key_resolver,
+        oidc=oidc,
+        required_scope=required_scope,
+        stamp_ttl_s=stamp_ttl_s,
+        transport=transport,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        edge.open_client()
+        try:
+            yield
+        finally:
+            await edge.close()
+
+    return Starlette(routes=[Route("/{path:path}", edge.handle, methods=_METHODS)], lifespan=lifespan)

@@ -1,0 +1,93 @@
+"""API keys: ``wk_<key id>_<secret>``.
+
+The key id (12 base32 characters) finds the record; the secret (43 urlsafe characters, 256
+random bits) proves possession. Only SHA-256 of the secret is stored: the secret is random
+and long, so a slow password hash would add latency to every request and no strength.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Protocol
+
+PREFIX = "wk_"
+KEY_ID_CHARS = 12
+SECRET_BYTES = 32
+SECRET_CHARS = 43  # base64url of 32 bytes, unpadded
+_BASE32 = "abcdefghijklmnopqrstuvwxyz234567"
+# The secret's alphabet includes "_", so the token is split by position, not by separator.
+_TOKEN = re.compile(
+    rf"{PREFIX}(?P<key_id>[a-z2-7]{{{KEY_ID_CHARS}}})_(?P<secret>[A-Za-z0-9_-]{{{SECRET_CHARS}}})"
+)
+
+
+class KeyFormatError(ValueError):
+    """The string is not an API key of this format."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewKey:
+    """A freshly minted key: `token` goes to the user once; the rest is what is stored."""
+
+    token: str
+    key_id: str
+    secret_sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedKey:
+    key_id: str
+    secret: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredKey:
+    """What the records hold for one key id."""
+
+    org: str
+    user: str
+    scopes: frozenset[str]
+    revoked: bool
+    secret_sha256: str
+
+
+class KeyResolver(Protocol):
+    """Finds the stored record of a key id (the database in production)."""
+
+    def lookup(self, key_id: str) -> StoredKey | None: ...
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode("ascii")).hexdigest()
+
+
+def new_key() -> NewKey:
+    key_id = "".join(secrets.choice(_BASE32) for _ in range(KEY_ID_CHARS))
+    secret = secrets.token_urlsafe(SECRET_BYTES)
+    return NewKey(token=f"{PREFIX}{key_id}_{secret}", key_id=key_id, secret_sha256=hash_secret(secret))
+
+
+def looks_like_key(token: str) -> bool:
+    """Whether a bearer token is meant as an API key (as opposed to a JWT)."""
+    return token.startswith(PREFIX)
+
+
+def parse(token: str) -> ParsedKey:
+    match = _TOKEN.fullmatch(token)
+    if match is None:
+        raise KeyFormatError("not an API key: expected wk_<key id>_<secret>")
+    return ParsedKey(key_id=match["key_id"], secret=match["secret"])
+
+
+def check(token: str, stored_sha256: str) -> bool:
+    """Whether `token`'s secret matches the stored hash, compared in constant time."""
+    try:
+        secret = parse(token).secret
+    except KeyFormatError:
+        return False
+    # Bytes, not str: compare_digest refuses non-ASCII str, and a stored value is not ours to trust.
+    return hmac.compare_digest(hash_secret(secret).encode("ascii"), stored_sha256.encode("utf-8"))

@@ -1,0 +1,217 @@
+"""The product records: organizations, users, API keys, sandboxes and idempotency records.
+
+PostgreSQL in production, SQLite for the single-node default: every type here means the same on both.
+The schema is created by the Alembic migrations in `migrations/`, never by `create_all`; a test
+checks that the two agree.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Dialect,
+    Enum,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+DEFAULT_IDLE_TIMEOUT_S = 24 * 3600
+DEFAULT_MAX_LIFETIME_S = 7 * 24 * 3600
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A point in time, always handed back zone-aware in UTC.
+
+    SQLite has no zoned type, so it stores the UTC wall time as text (which then sorts by time);
+    a naive datetime is refused rather than guessed at.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: product records hold zone-aware UTC times")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# JSONB on PostgreSQL (compact, comparable), JSON text elsewhere.
+JSONType = JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+
+class SandboxPhase(enum.StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    STOPPED = "Stopped"
+    FAILED = "Failed"
+    TERMINATING = "Terminating"
+    DELETED = "Deleted"
+
+
+# Explicit constraint names, so later migrations (and SQLite batch mode) can address them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {  # noqa: RUF012 (SQLAlchemy reads it as a class attribute)
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSONType,
+        list[Any]: JSONType,
+        list[str]: JSONType,
+        list[dict[str, Any]]: JSONType,
+        # A string with a check constraint rather than a native enum: adding a phase later is
+        # then a plain migration on both databases.
+        SandboxPhase: Enum(
+            SandboxPhase,
+            native_enum=False,
+            length=16,
+            create_constraint=True,
+            name="phase",
+            values_callable=lambda phases: [p.value for p in phases],
+            validate_strings=True,
+        ),
+    }
+
+
+class Organization(Base):
+    __tablename__ = "organizations"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    quota_sandboxes: Mapped[int] = mapped_column(Integer)
+    quota_cpu_millis: Mapped[int] = mapped_column(Integer)
+    quota_memory_mib: Mapped[int] = mapped_column(Integer)
+    idle_timeout_s: Mapped[int] = mapped_column(Integer, default=DEFAULT_IDLE_TIMEOUT_S)
+    max_lifetime_s: Mapped[int] = mapped_column(Integer, default=DEFAULT_MAX_LIFETIME_S)
+    may_persist: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class User(Base):
+    __tablename__ = "users"
+    __table_args__ = (
+        ForeignKeyConstraint(["org_id"], ["organizations.id"]),
+        UniqueConstraint("org_id", "subject"),
+        # The target of the (org_id, user) foreign keys of keys and sandboxes: a row can only
+        # name a user of its own organization.
+        UniqueConstraint("org_id", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(String(32))
+    subject: Mapped[str] = mapped_column(String(255))  # the OIDC `sub`, or a local name
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    __table_args__ = (
+        ForeignKeyConstraint(["org_id"], ["organizations.id"]),
+        ForeignKeyConstraint(["org_id", "user_id"], ["users.org_id", "users.id"]),
+        Index(None, "org_id", "user_id"),
+    )
+
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(String(32))
+    user_id: Mapped[str] = mapped_column(String(32))
+    # Only the SHA-256 of the secret: the secret is 256 random bits, so a fast hash suffices.
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    scopes: Mapped[list[str]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column()
+    last_used_at: Mapped[datetime | None] = mapped_column()
+
+
+class Sandbox(Base):
+    __tablename__ = "sandboxes"
+    __table_args__ = (
+        ForeignKeyConstraint(["org_id"], ["organizations.id"]),
+        ForeignKeyConstraint(["org_id", "created_by"], ["users.org_id", "users.id"]),
+        # Listing one organization's sandboxes in (created_at, id) order, a page at a time.
+        Index(None, "org_id", "created_at", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # opaque public id
+    org_id: Mapped[str] = mapped_column(String(32))
+    created_by: Mapped[str] = mapped_column(String(32))
+    # image, command, cpu_millis, memory_mib, persistent, workspace {size, template | fork_of}
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    # Internal: the Kubernetes object's name. Never part of what the API returns.
+    object_name: Mapped[str] = mapped_column(String(63), unique=True)
+    phase: Mapped[SandboxPhase] = mapped_column(default=SandboxPhase.PENDING)
+    conditions: Mapped[list[dict[str, Any]]] = mapped_column(default=list)
+    workspace_id: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    last_activity_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column()  # hard lifetime, fixed at creation
+    deleted_at: Mapped[datetime | None] = mapped_column()
+
+    def public(self) -> dict[str, Any]:
+        """The record as a client may see it: everything but the internal object name."""
+
+        def iso(moment: datetime | None) -> str | None:
+            return None if moment is None else moment.isoformat()
+
+        return {
+            "id": self.id,
+            "phase": self.phase.value,
+            "spec": self.spec,
+            "conditions": self.conditions,
+            "workspace_id": self.workspace_id,
+            "created_at": iso(self.created_at),
+            "started_at": iso(self.started_at),
+            "last_activity_at": iso(self.last_activity_at),
+            "expires_at": iso(self.expires_at),
+            "deleted_at": iso(self.deleted_at),
+        }
+
+
+class IdempotencyRecord(Base):
+    """The answer given to one idempotency key, replayed when the same request comes again."""
+
+    __tablename__ = "idempotency_records"
+    __table_args__ = (
+        ForeignKeyConstraint(["org_id"], ["organizations.id"]),
+        Index(None, "created_at"),  # pruning old records
+    )
+
+    # The primary key is the (org_id, key) uniqueness: two racing requests can't both insert.
+    org_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    request_sha256: Mapped[str] = mapped_column(String(64))
+    status_code: Mapped[int] = mapped_column(Integer)
+    response: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
