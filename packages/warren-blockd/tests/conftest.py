@@ -31,6 +31,26 @@ def local_root(tmp_path: Path) -> Path:
     return tmp_path / "blobs"
 
 
+def loop_mount_missing() -> str | None:
+    """Why a loop mount cannot be tried here, or None."""
+    if os.geteuid() != 0:
+        return "needs root to mount a loop device"
+    if not Path("/dev/loop-control").exists():
+        return "needs loop devices (/dev/loop-control is missing)"
+    if not (shutil.which("mount") and shutil.which("umount")):
+        return "needs mount and umount"
+    return None
+
+
+def mount_loop(image: Path, target: Path) -> None:
+    """Mount an image file on a loop device at `target` (which must exist)."""
+    mounted = subprocess.run(
+        ["mount", "-o", "loop", str(image), str(target)], check=False, capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"mount -o loop failed here: {mounted.stderr.strip()}")
+
+
 def needs_root_and_fuse() -> None:
     # CI runs these tiers on purpose: there a missing prerequisite fails instead of skipping.
     give_up = pytest.fail if os.environ.get("CI") else pytest.skip

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import loop_mount_missing, mount_loop
 from warren_blockd import ext4
 from warren_blockd.chunker import DEFAULT_CHUNK_SIZE, chunk_image
 from warren_blockd.chunks import digest_of
@@ -270,18 +271,8 @@ def test_bad_sizes_are_refused(tmp_path: Path) -> None:
         chunk_image(path, aligned=False, chunk_size=1000, sink=Store())
 
 
-def _loop_mount_missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to mount a loop device"
-    if not Path("/dev/loop-control").exists():
-        return "needs loop devices (/dev/loop-control is missing)"
-    if not (shutil.which("mount") and shutil.which("umount")):
-        return "needs mount and umount"
-    return None
-
-
 @needs_e2fsprogs
-@pytest.mark.skipif(_loop_mount_missing() is not None, reason=_loop_mount_missing() or "")
+@pytest.mark.skipif(loop_mount_missing() is not None, reason=loop_mount_missing() or "")
 def test_kernel_written_image_round_trips(tmp_path: Path) -> None:
     """Stale bytes under unwritten (fallocated) extents and a sparse file of 1000 extents."""
     image = tmp_path / "fs.img"
@@ -290,11 +281,7 @@ def test_kernel_written_image_round_trips(tmp_path: Path) -> None:
     )
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-o", "loop", str(image), str(mnt)], check=False, capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"mount -o loop failed here: {mounted.stderr.strip()}")
+    mount_loop(image, mnt)
     written = [os.urandom(BLOCK_SIZE) for _ in range(1000)]
     try:
         (mnt / "old").write_bytes(os.urandom(4 << 20))

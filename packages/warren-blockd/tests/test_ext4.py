@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import loop_mount_missing, mount_loop
 from warren_blockd import ext4
 
 pytestmark = pytest.mark.skipif(
@@ -188,28 +189,13 @@ def test_fragmented_file_has_a_deeper_tree(tmp_path: Path) -> None:
     assert depth >= 1 and len(written) > 4
 
 
-def _can_loop_mount() -> str | None:
-    """Why a loop mount cannot be tried here, or None."""
-    if os.geteuid() != 0:
-        return "needs root to mount a loop device"
-    if not Path("/dev/loop-control").exists():
-        return "needs loop devices (/dev/loop-control is missing)"
-    if not (shutil.which("mount") and shutil.which("umount")):
-        return "needs mount and umount"
-    return None
-
-
-@pytest.mark.skipif(_can_loop_mount() is not None, reason=_can_loop_mount() or "")
+@pytest.mark.skipif(loop_mount_missing() is not None, reason=loop_mount_missing() or "")
 def test_deep_tree_and_unwritten_extents_from_the_kernel(tmp_path: Path) -> None:
     image = tmp_path / "fs.img"
     mkfs(image, "128M", None, "-g", "8192")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-o", "loop", str(image), str(mnt)], check=False, capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"mount -o loop failed here: {mounted.stderr.strip()}")
+    mount_loop(image, mnt)
     try:
         # Every other block of a sparse file: 3000 extents, more than one leaf block holds.
         fd = os.open(mnt / "sparse", os.O_CREAT | os.O_WRONLY)
