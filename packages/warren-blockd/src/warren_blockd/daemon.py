@@ -95,6 +95,8 @@ class Daemon:
         self.fs = DeviceFS(on_ready=self.ready.set)
         self.cache = ChunkCache(state_dir / "cache", store, settings.cache_memory)
         self.attached: dict[str, Attached] = {}
+        # Detached before their spool drained: still uploading; a new attach waits for them.
+        self._draining: dict[str, Replicator] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
 
@@ -243,6 +245,14 @@ class Daemon:
             if workspace_id in self.attached:
                 return self.attached[workspace_id]
             ws = Workspace(self.store, check_id(workspace_id))
+            previous = self._draining.pop(workspace_id, None)
+            if previous is not None:  # one uploader per spool: let the old one finish first
+                previous.close(timeout=self.settings.fork_wait, drain=True)
+                if previous.uploading():
+                    self._draining[workspace_id] = previous
+                    raise BlockdError(
+                        "busy", f"{workspace_id}: earlier writes are still replicating; try again later"
+                    )
             manifest = ws.effective()  # newest consolidated manifest + log tail: no bytes read
             wdir = self._dir(workspace_id)
             wdir.mkdir(parents=True, exist_ok=True)
@@ -323,6 +333,8 @@ class Daemon:
             self.fs.detach(workspace_id)
             del self.attached[workspace_id]
         att.replicator.close(timeout=wait_replicated or 0, drain=True)
+        if att.replicator.uploading():
+            self._draining[workspace_id] = att.replicator
         att.device.close()
         (self._dir(workspace_id) / "mount.json").unlink(missing_ok=True)
         if drained:

@@ -137,6 +137,9 @@ class Replicator:
             self._thread.join(timeout)
         self.lane.close()
 
+    def uploading(self) -> bool:
+        return self._thread.is_alive()
+
     # -- spool -----------------------------------------------------------------------
 
     def spooled(self) -> list[tuple[int, bytes]]:
