@@ -58,7 +58,7 @@ def test_reads_come_from_chunks_holes_and_local_writes(store: PolicyStore, tmp_p
 
 
 def test_a_corrupt_chunk_is_never_served(store: PolicyStore, tmp_path: Path) -> None:
-    [key] = [k for k in store.list("chunks/")]
+    [key] = store.list("chunks/")
     path = tmp_path / "store" / key
     stored = bytearray(path.read_bytes())
     stored[len(stored) // 2] ^= 0x01
