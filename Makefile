@@ -59,11 +59,11 @@ $(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml
 	$(CONTROL)/.venv/bin/pip install --quiet -e '$(CONTROL)[test]'
 	touch $@
 
-# The controller's tests against a live cluster run in their own tier (not yet in `test`).
+# The controller's tests against a live cluster run in the cluster tier (tests/cluster/run.sh).
 control: $(CONTROL)/.venv/.installed
 	cd $(CONTROL) && .venv/bin/mypy && .venv/bin/pytest -m "not cluster"
 
-cluster-test: venv
+cluster-test: venv $(CONTROL)/.venv/.installed
 	tests/cluster/run.sh
 
 ## Benchmarks write JSON to bench/results/ (ratios against a baseline from the same run).

@@ -27,4 +27,7 @@ image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(b
 "$venv/warren" conformance --kubeconfig "$("$venv/warren" cluster kubeconfig)" \
   --config "$WARREN_TEST_CONFIG" --junitxml "$results/conformance.xml" \
   --runtime-tests --egress-test-hosts local --image "$image"
+# The control plane's controller on the same cluster, in namespaces of its own.
+WARREN_KUBECONFIG=$("$venv/warren" cluster kubeconfig) WARREN_TEST_IMAGE=$image \
+  packages/warren-control/tests/run-cluster.sh --junitxml "$results/control-cluster.xml"
 "$venv/pytest" -m cluster tests/cluster --junitxml "$results/cluster.xml"

@@ -167,3 +167,18 @@ def records_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'records.db'}"
     server: PostgresServer = request.getfixturevalue("postgres_server")
     return server.create_database()
+
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """In CI every selected test must run: a skipped test fails the session."""
+    if os.environ.get("CI") and _skipped:
+        print(f"\nCI=true and {len(_skipped)} test(s) skipped: {', '.join(_skipped)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

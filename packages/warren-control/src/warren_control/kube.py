@@ -1,0 +1,166 @@
+"""The Kubernetes API, behind one module: plain JSON objects in and out, exactly as the API
+server sends them, so callers never meet the client library's model classes and a client
+upgrade touches only this file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from warren_control.podspec import GROUP, PLURAL, VERSION
+
+Obj = dict[str, Any]
+
+FIELD_MANAGER = "warren-control"
+REQUEST_TIMEOUT = (5.0, 30.0)  # connect, read (seconds)
+
+__all__ = ["ApiException", "Kube", "Obj", "error_message"]
+
+
+def error_message(exc: ApiException) -> str:
+    """The API server's own explanation of a refusal (an admission policy's message,
+    a validation error), falling back to the HTTP reason."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except ValueError:
+        message = None
+    return str(message or exc.body or exc.reason)
+
+
+@dataclass
+class Kube:
+    api: client.ApiClient
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None) -> Kube:
+        """From a kubeconfig file, or from the pod's service account when None."""
+        if kubeconfig is None:
+            configuration = client.Configuration()
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            return cls(client.ApiClient(configuration))
+        return cls(config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
+
+    @property
+    def configuration(self) -> client.Configuration:
+        configuration: client.Configuration = self.api.configuration
+        return configuration
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        serialized = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*serialized, _request_timeout=REQUEST_TIMEOUT)
+        data: bytes | None = response.read()  # type: ignore[no-untyped-call]
+        text = data.decode() if data else ""
+        if not HTTPStatus.OK <= response.status < HTTPStatus.MULTIPLE_CHOICES:
+            raise ApiException.from_response(http_resp=response, body=text, data=None)
+        result: Obj = json.loads(text) if text else {}
+        return result
+
+    # Pods
+
+    @staticmethod
+    def _pods(namespace: str, name: str | None = None) -> str:
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods"
+        return f"{path}/{quote(name)}" if name else path
+
+    def read_pod(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return self.request("GET", self._pods(namespace, name))
+        except ApiException as exc:
+            if exc.status == HTTPStatus.NOT_FOUND:
+                return None
+            raise
+
+    def create_pod(self, namespace: str, body: Obj, *, dry_run: bool = False) -> Obj:
+        query = {"fieldManager": FIELD_MANAGER}
+        if dry_run:
+            query["dryRun"] = "All"
+        return self.request("POST", self._pods(namespace), body=body, query=query)
+
+    def delete_pod(self, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        """Delete a pod (gracefully, by its own grace period); False if it was gone. With
+        a uid, only that incarnation is deleted: a newer pod of the same name survives."""
+        options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        try:
+            self.request("DELETE", self._pods(namespace, name), body=options)
+        except ApiException as exc:
+            if exc.status in {HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT}:  # gone, or another incarnation
+                return False
+            raise
+        return True
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
+        result = self.request("GET", self._pods(namespace), query={"labelSelector": label_selector})
+        items: list[Obj] = result.get("items") or []
+        return items
+
+    # Sandboxes
+
+    @staticmethod
+    def _sandboxes(namespace: str, name: str | None = None) -> str:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
+        return f"{path}/{quote(name)}" if name else path
+
+    def read_sandbox(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return self.request("GET", self._sandboxes(namespace, name))
+        except ApiException as exc:
+            if exc.status == HTTPStatus.NOT_FOUND:
+                return None
+            raise
+
+    def create_sandbox(self, namespace: str, body: Obj) -> Obj:
+        return self.request("POST", self._sandboxes(namespace), body=body)
+
+    def patch_sandbox(self, namespace: str, name: str, patch: Obj) -> Obj:
+        return self.request(
+            "PATCH", self._sandboxes(namespace, name), body=patch, content_type="application/merge-patch+json"
+        )
+
+    def delete_sandbox(self, namespace: str, name: str) -> bool:
+        try:
+            self.request("DELETE", self._sandboxes(namespace, name))
+        except ApiException as exc:
+            if exc.status == HTTPStatus.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    def list_sandboxes(self, namespace: str) -> list[Obj]:
+        items: list[Obj] = self.request("GET", self._sandboxes(namespace)).get("items") or []
+        return items
+
+    def patch_sandbox_status(self, namespace: str, name: str, status: Obj) -> Obj:
+        """A merge patch of the status subresource: only the fields given change, so what
+        other writers keep there (lastActivityTime) survives."""
+        return self.request(
+            "PATCH",
+            self._sandboxes(namespace, name) + "/status",
+            body={"status": status},
+            query={"fieldManager": FIELD_MANAGER},
+            content_type="application/merge-patch+json",
+        )

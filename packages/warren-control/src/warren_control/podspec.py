@@ -1,0 +1,225 @@
+"""The one pod a Sandbox becomes: built here, as a pure function of the Sandbox object, so
+the controller, the tests and a dry run against the admission floor all see the same pod.
+
+The pod meets every rule of the floor (docs/isolation-floor.md) by construction; the
+floor stays the enforcement, this module only avoids being refused by it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Obj = dict[str, Any]
+
+GROUP = "warren.dev"
+VERSION = "v1alpha1"
+PLURAL = "sandboxes"
+KIND = "Sandbox"
+
+# The floors key on the namespace label; the pod carries the same label so a selector
+# over pods (NetworkPolicy, kubectl) can say "sandbox pods" without knowing namespaces.
+SANDBOX_LABEL = "warren.dev/sandbox"
+SANDBOX_UID_LABEL = "warren.dev/sandbox-uid"
+SANDBOX_NAME_LABEL = "warren.dev/sandbox-name"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "warren-control"
+SPEC_HASH_ANNOTATION = "warren.dev/spec-hash"
+
+CONTAINER = "sandbox"
+WORKSPACE_VOLUME = "workspace"
+WORKSPACE_MOUNT = "/workspace"
+POD_NAME_PREFIX = "sbx-"
+LABEL_VALUE_MAX = 63
+
+# Workspace volume sources that hold no host state: the blockd CSI driver (inline, and
+# the floor limits inline CSI to allowed drivers) or a claim. hostPath is refused by the
+# floor; emptyDir is not refused but would silently lose the workspace on every restart.
+WORKSPACE_SOURCES = frozenset({"csi", "persistentVolumeClaim", "ephemeral"})
+
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+
+
+class SandboxSpecError(ValueError):
+    """The Sandbox cannot become a pod; the message names the field and what to do."""
+
+
+@dataclass(frozen=True)
+class PodOptions:
+    """What the deployment decides rather than the Sandbox: the runtime class the floor
+    requires, where images come from, and the resources a spec that names none gets."""
+
+    runtime_class: str = "gvisor"
+    image_pull_policy: PullPolicy = "IfNotPresent"
+    default_cpu: str = "1"
+    default_memory: str = "1Gi"
+    # Long enough for a process to flush the workspace on SIGTERM, short enough that stop
+    # and delete stay quick.
+    termination_grace_seconds: int = 5
+
+
+def pod_name(sandbox_uid: str) -> str:
+    """The pod's name, a function of the Sandbox's uid only: a restarted controller (or the
+    API, for exec) finds the pod without a lookup, a create that raced a crash meets
+    AlreadyExists instead of making a second pod, and a Sandbox recreated under the same
+    name never adopts its predecessor's pod."""
+    if not sandbox_uid:
+        raise SandboxSpecError("the Sandbox has no metadata.uid: build pods from objects the API returned")
+    return POD_NAME_PREFIX + sandbox_uid.lower()
+
+
+def _quantity(value: object, field: str, default: str) -> str:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise SandboxSpecError(
+            f"spec.resources.{field} must be an integer or a quantity string, not {value!r}"
+        )
+    text = str(value).strip()
+    if not text:
+        raise SandboxSpecError(f"spec.resources.{field} is empty: give a quantity such as 1 or 512Mi")
+    return text
+
+
+def spec_hash(sandbox: Mapping[str, Any]) -> str:
+    """A digest of the spec fields the pod is built from. A change means the running pod is
+    stale and must be replaced; fields that do not reach the pod (stopped, persistent,
+    timeouts) and the controller's own defaults are left out, so neither toggling stop
+    nor upgrading the controller restarts a sandbox."""
+    spec = sandbox.get("spec") or {}
+    relevant = {key: spec.get(key) for key in ("image", "command", "resources", "workspace")}
+    canonical = json.dumps(relevant, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def owner_reference(sandbox: Mapping[str, Any]) -> Obj:
+    meta = sandbox["metadata"]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        # The garbage collector removes the pod if the Sandbox ever goes without the
+        # finalizer having run, and foreground deletion waits for the pod.
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def labels_for(sandbox: Mapping[str, Any]) -> dict[str, str]:
+    meta = sandbox["metadata"]
+    labels = {
+        SANDBOX_LABEL: "true",
+        SANDBOX_UID_LABEL: meta["uid"],
+        MANAGED_BY_LABEL: MANAGED_BY,
+    }
+    # Object names may be longer than a label value; the uid label is the reliable key.
+    if len(meta["name"]) <= LABEL_VALUE_MAX:
+        labels[SANDBOX_NAME_LABEL] = meta["name"]
+    return labels
+
+
+def _workspace(volume: Mapping[str, Any]) -> Obj:
+    kinds = set(volume) - {"name"}
+    if len(kinds) != 1 or not kinds <= WORKSPACE_SOURCES:
+        allowed = ", ".join(sorted(WORKSPACE_SOURCES))
+        raise SandboxSpecError(
+            f"workspace volume must have exactly one source among {allowed}; got {sorted(kinds)}"
+        )
+    return {**volume, "name": WORKSPACE_VOLUME}
+
+
+def pod_for(
+    sandbox: Mapping[str, Any],
+    *,
+    options: PodOptions = PodOptions(),  # frozen, so one shared default is safe
+    workspace_volume: Mapping[str, Any] | None = None,
+) -> Obj:
+    """The pod manifest for a Sandbox object as the API server returns it.
+
+    `workspace_volume` is a pod volume source for the sandbox's workspace (the blockd CSI
+    driver, once it exists); it is mounted at /workspace. Without one the pod has no
+    workspace volume at all rather than a stand-in that would lose data.
+    """
+    meta = sandbox.get("metadata") or {}
+    spec = sandbox.get("spec") or {}
+    if not meta.get("name") or not meta.get("namespace"):
+        raise SandboxSpecError("the Sandbox needs metadata.name and metadata.namespace")
+    image = spec.get("image")
+    if not isinstance(image, str) or not image:
+        raise SandboxSpecError("spec.image is required: name the OCI image the sandbox runs")
+    command = spec.get("command")
+    if command is not None and (
+        not isinstance(command, list) or not all(isinstance(arg, str) for arg in command)
+    ):
+        raise SandboxSpecError("spec.command must be a list of strings")
+
+    resources = spec.get("resources") or {}
+    cpu = _quantity(resources.get("cpu"), "cpu", options.default_cpu)
+    memory = _quantity(resources.get("memory"), "memory", options.default_memory)
+    # requests == limits: the Guaranteed QoS class, so a sandbox is never the first
+    # evicted for using what it was promised and never takes more than that.
+    amounts = {"cpu": cpu, "memory": memory}
+
+    container: Obj = {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": options.image_pull_policy,
+        "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            # Nothing is added (the floor refuses that); everything is dropped, which also
+            # satisfies the restricted Pod Security level the namespaces warn about.
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if command:
+        container["command"] = list(command)
+
+    pod_spec: Obj = {
+        "runtimeClassName": options.runtime_class,
+        "automountServiceAccountToken": False,
+        # Service links would hand every sandbox the addresses of the namespace's services.
+        "enableServiceLinks": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": options.termination_grace_seconds,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+    }
+    if workspace_volume is not None:
+        pod_spec["volumes"] = [_workspace(workspace_volume)]
+        container["volumeMounts"] = [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT}]
+        container["workingDir"] = WORKSPACE_MOUNT
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(str(meta.get("uid") or "")),
+            "namespace": meta["namespace"],
+            "labels": labels_for(sandbox),
+            "annotations": {SPEC_HASH_ANNOTATION: spec_hash(sandbox)},
+            "ownerReferences": [owner_reference(sandbox)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def controller_uid(pod: Mapping[str, Any]) -> str | None:
+    """The uid of the Sandbox that controls this pod, or None if no Sandbox does."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if (
+            ref.get("controller")
+            and ref.get("kind") == KIND
+            and ref.get("apiVersion", "").startswith(GROUP + "/")
+        ):
+            return str(ref.get("uid"))
+    return None

@@ -1,0 +1,448 @@
+"""The controller's pass against an in-memory API server: one pod per Sandbox whatever the
+order of triggers and crashes, status from what the pod shows, and the finalizer. The
+cluster tests (test_controller_cluster.py) run the same against a real cluster."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import kopf
+import pytest
+from kubernetes import client
+from warren_control.controller import (
+    FINALIZER,
+    ControllerOptions,
+    Observation,
+    Reconciler,
+    build_registry,
+    connection_info,
+    observe,
+    settings_for,
+    status_for,
+)
+from warren_control.kube import ApiException, Kube, Obj
+from warren_control.podspec import pod_for, pod_name
+
+NS = "warren-sandboxes"
+
+
+def api_error(status: int, message: str) -> ApiException:
+    return ApiException(status=status, reason="refused", body=json.dumps({"message": message}))
+
+
+class FakeKube(Kube):
+    """Pods and Sandboxes in dicts, with the API server's answers the controller relies on:
+    AlreadyExists, NotFound, graceful deletion, uid preconditions."""
+
+    def __init__(self) -> None:
+        super().__init__(api=None)  # type: ignore[arg-type]
+        self.pods: dict[str, Obj] = {}
+        self.sandboxes: dict[str, Obj] = {}
+        self.creates = 0
+        self.status_patches = 0
+        self.refuse: ApiException | None = None
+        self.hide_next_read = False  # a create raced by another pass: read misses, create 409s
+        self._uids = 0
+
+    def _uid(self) -> str:
+        self._uids += 1
+        return f"00000000-0000-0000-0000-{self._uids:012d}"
+
+    def add_sandbox(self, name: str, **spec: Any) -> Obj:
+        obj = {
+            "apiVersion": "warren.dev/v1alpha1",
+            "kind": "Sandbox",
+            "metadata": {"name": name, "namespace": NS, "uid": self._uid(), "generation": 1},
+            "spec": {"image": "busybox", **spec},
+        }
+        self.sandboxes[name] = obj
+        return obj
+
+    def update_spec(self, name: str, **spec: Any) -> None:
+        self.sandboxes[name]["spec"].update(spec)
+        self.sandboxes[name]["metadata"]["generation"] += 1
+
+    def read_pod(self, namespace: str, name: str) -> Obj | None:
+        if self.hide_next_read:
+            self.hide_next_read = False
+            return None
+        pod = self.pods.get(name)
+        return copy.deepcopy(pod) if pod else None
+
+    def create_pod(self, namespace: str, body: Obj, *, dry_run: bool = False) -> Obj:
+        if self.refuse:
+            raise self.refuse
+        name = body["metadata"]["name"]
+        if name in self.pods:
+            raise api_error(409, f'pods "{name}" already exists')
+        self.creates += 1
+        pod = copy.deepcopy(body)
+        pod["metadata"]["uid"] = self._uid()
+        pod["status"] = {"phase": "Pending"}
+        self.pods[name] = pod
+        return copy.deepcopy(pod)
+
+    def delete_pod(self, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        pod = self.pods.get(name)
+        if pod is None or (uid and pod["metadata"]["uid"] != uid):
+            return False
+        pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # graceful: still there
+        return True
+
+    def finish_deletions(self) -> None:
+        self.pods = {k: v for k, v in self.pods.items() if "deletionTimestamp" not in v["metadata"]}
+
+    def read_sandbox(self, namespace: str, name: str) -> Obj | None:
+        obj = self.sandboxes.get(name)
+        return copy.deepcopy(obj) if obj else None
+
+    def patch_sandbox_status(self, namespace: str, name: str, status: Obj) -> Obj:
+        if name not in self.sandboxes:
+            raise api_error(404, "not found")
+        self.status_patches += 1
+        self.sandboxes[name].setdefault("status", {}).update(copy.deepcopy(status))
+        return copy.deepcopy(self.sandboxes[name])
+
+    def status(self, name: str) -> Obj:
+        status: Obj = self.sandboxes[name]["status"]
+        return status
+
+
+def run(pod: Obj, *, ready: bool = True) -> None:
+    pod["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [{"name": "sandbox", "state": {"running": {}}}],
+    }
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    return FakeKube()
+
+
+@pytest.fixture
+def reconciler(kube: FakeKube) -> Reconciler:
+    return Reconciler(kube)
+
+
+def ready(status: Obj) -> Obj:
+    (condition,) = status["conditions"]
+    assert condition["type"] == "Ready"
+    return condition
+
+
+def test_first_pass_creates_the_pod_and_reports_pending(kube: FakeKube, reconciler: Reconciler) -> None:
+    sbx = kube.add_sandbox("a")
+    seen = reconciler.reconcile(NS, "a")
+    assert seen is not None and seen.phase == "Pending"
+    assert list(kube.pods) == [pod_name(sbx["metadata"]["uid"])]
+    status = kube.status("a")
+    assert status["phase"] == "Pending"
+    assert status["observedGeneration"] == 1
+    assert ready(status)["status"] == "False"
+
+
+def test_running_pod_makes_the_sandbox_running(kube: FakeKube, reconciler: Reconciler) -> None:
+    sbx = kube.add_sandbox("a")
+    reconciler.reconcile(NS, "a")
+    run(kube.pods[pod_name(sbx["metadata"]["uid"])])
+    reconciler.reconcile(NS, "a")
+    status = kube.status("a")
+    assert status["phase"] == "Running"
+    assert ready(status)["status"] == "True"
+    assert ready(status)["reason"] == "PodReady"
+
+
+def test_repeated_passes_make_no_second_pod_and_no_needless_writes(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    kube.add_sandbox("a")
+    for _ in range(5):
+        reconciler.reconcile(NS, "a")
+    assert kube.creates == 1
+    assert len(kube.pods) == 1
+    assert kube.status_patches == 1
+
+
+def test_restart_after_crash_between_create_and_status_adopts_the_pod(kube: FakeKube) -> None:
+    sbx = kube.add_sandbox("a")
+    kube.create_pod(NS, pod_for(sbx))  # the crashed controller got this far
+    assert "status" not in kube.sandboxes["a"]
+    Reconciler(kube).reconcile(NS, "a")  # a fresh process
+    assert kube.creates == 1
+    assert kube.status("a")["phase"] == "Pending"
+
+
+def test_create_that_meets_already_exists_adopts_our_pod(kube: FakeKube, reconciler: Reconciler) -> None:
+    sbx = kube.add_sandbox("a")
+    kube.create_pod(NS, pod_for(sbx))
+    kube.hide_next_read = True  # another pass created it between our read and our create
+    seen = reconciler.reconcile(NS, "a")
+    assert seen is not None and seen.phase == "Pending" and seen.reason != "PodNameTaken"
+    assert kube.creates == 1
+
+
+def test_a_foreign_pod_under_our_name_is_reported_and_left_alone(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    sbx = kube.add_sandbox("a")
+    foreign = pod_for(sbx)
+    foreign["metadata"]["ownerReferences"] = []
+    kube.create_pod(NS, foreign)
+    seen = reconciler.reconcile(NS, "a")
+    assert seen is not None and (seen.phase, seen.reason) == ("Failed", "PodNameTaken")
+    assert "delete it" in kube.status("a")["conditions"][0]["message"]
+    assert "deletionTimestamp" not in next(iter(kube.pods.values()))["metadata"]
+
+
+def test_refused_pod_fails_the_sandbox_with_the_servers_message(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    kube.add_sandbox("a")
+    kube.refuse = api_error(403, "[warren:runtime-class] sandbox pods must run under gVisor")
+    reconciler.reconcile(NS, "a")
+    status = kube.status("a")
+    assert status["phase"] == "Failed"
+    assert ready(status)["reason"] == "PodRefused"
+    assert "[warren:runtime-class]" in ready(status)["message"]
+
+
+def test_server_errors_propagate_for_kopf_to_retry(kube: FakeKube, reconciler: Reconciler) -> None:
+    kube.add_sandbox("a")
+    kube.refuse = api_error(500, "etcd is down")
+    with pytest.raises(ApiException):
+        reconciler.reconcile(NS, "a")
+
+
+def test_invalid_spec_fails_the_sandbox(kube: FakeKube, reconciler: Reconciler) -> None:
+    kube.add_sandbox("a", command="not a list")
+    reconciler.reconcile(NS, "a")
+    assert kube.status("a")["phase"] == "Failed"
+    assert ready(kube.status("a"))["reason"] == "InvalidSpec"
+    assert not kube.pods
+
+
+def test_stop_removes_the_pod_and_keeps_the_sandbox(kube: FakeKube, reconciler: Reconciler) -> None:
+    kube.add_sandbox("a")
+    reconciler.reconcile(NS, "a")
+    kube.update_spec("a", stopped=True)
+    reconciler.reconcile(NS, "a")
+    assert kube.status("a")["phase"] == "Terminating"
+    assert ready(kube.status("a"))["reason"] == "Stopping"
+    kube.finish_deletions()
+    reconciler.reconcile(NS, "a")
+    assert not kube.pods
+    assert kube.status("a")["phase"] == "Stopped"
+    assert kube.status("a")["observedGeneration"] == 2
+    kube.update_spec("a", stopped=False)
+    reconciler.reconcile(NS, "a")
+    assert len(kube.pods) == 1
+    assert kube.status("a")["phase"] == "Pending"
+
+
+def test_spec_change_replaces_the_pod(kube: FakeKube, reconciler: Reconciler) -> None:
+    sbx = kube.add_sandbox("a")
+    name = pod_name(sbx["metadata"]["uid"])
+    reconciler.reconcile(NS, "a")
+    kube.update_spec("a", image="other")
+    seen = reconciler.reconcile(NS, "a")
+    assert seen is not None and seen.reason == "PodReplacing"
+    kube.finish_deletions()
+    reconciler.reconcile(NS, "a")
+    assert kube.pods[name]["spec"]["containers"][0]["image"] == "other"
+    assert kube.creates == 2
+
+
+def test_stop_toggle_does_not_count_as_a_spec_change(kube: FakeKube, reconciler: Reconciler) -> None:
+    kube.add_sandbox("a")
+    reconciler.reconcile(NS, "a")
+    kube.update_spec("a", persistent=True)
+    reconciler.reconcile(NS, "a")
+    assert "deletionTimestamp" not in next(iter(kube.pods.values()))["metadata"]
+
+
+def test_finalizer_waits_for_the_pod_to_go(kube: FakeKube, reconciler: Reconciler) -> None:
+    sbx = kube.add_sandbox("a")
+    uid = sbx["metadata"]["uid"]
+    reconciler.reconcile(NS, "a")
+    kube.sandboxes["a"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert reconciler.finalize(NS, "a", uid) is False
+    assert kube.status("a")["phase"] == "Terminating"
+    assert reconciler.finalize(NS, "a", uid) is False  # still stopping: no second delete needed
+    kube.finish_deletions()
+    assert reconciler.finalize(NS, "a", uid) is True
+
+
+def test_reconcile_leaves_a_deleting_sandbox_to_the_finalizer(kube: FakeKube, reconciler: Reconciler) -> None:
+    kube.add_sandbox("a")
+    kube.sandboxes["a"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert reconciler.reconcile(NS, "a") is None
+    assert not kube.pods
+
+
+def test_pod_event_for_an_orphan_deletes_it(kube: FakeKube, reconciler: Reconciler) -> None:
+    sbx = kube.add_sandbox("a")
+    reconciler.reconcile(NS, "a")
+    del kube.sandboxes["a"]
+    pod = next(iter(kube.pods.values()))
+    reconciler.pod_changed("MODIFIED", pod)
+    assert "deletionTimestamp" in kube.pods[pod_name(sbx["metadata"]["uid"])]["metadata"]
+
+
+def test_pod_event_for_a_recreated_sandbox_of_the_same_name_deletes_the_old_pod(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    kube.add_sandbox("a")
+    reconciler.reconcile(NS, "a")
+    old = copy.deepcopy(next(iter(kube.pods.values())))
+    kube.add_sandbox("a")  # same name, new uid
+    reconciler.pod_changed("MODIFIED", old)
+    assert "deletionTimestamp" in kube.pods[old["metadata"]["name"]]["metadata"]
+
+
+def test_pod_deleted_behind_our_back_is_made_again(kube: FakeKube, reconciler: Reconciler) -> None:
+    kube.add_sandbox("a")
+    reconciler.reconcile(NS, "a")
+    gone = kube.pods.popitem()[1]
+    reconciler.pod_changed("DELETED", gone)
+    assert len(kube.pods) == 1
+    assert kube.creates == 2
+
+
+def test_pod_event_updates_status(kube: FakeKube, reconciler: Reconciler) -> None:
+    sbx = kube.add_sandbox("a")
+    reconciler.reconcile(NS, "a")
+    pod = kube.pods[pod_name(sbx["metadata"]["uid"])]
+    run(pod)
+    reconciler.pod_changed("MODIFIED", pod)
+    assert kube.status("a")["phase"] == "Running"
+
+
+def test_pod_events_for_pods_without_a_sandbox_owner_are_ignored(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    reconciler.pod_changed("ADDED", {"metadata": {"name": "x", "namespace": NS, "uid": "u"}})
+    assert not kube.pods
+
+
+SBX = {"metadata": {"name": "a", "namespace": NS, "uid": "u1", "generation": 3}, "spec": {"image": "i"}}
+
+
+def pod_with(status: Obj) -> Obj:
+    return {"metadata": {"name": "sbx-u1", "uid": "p"}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("status", "phase", "reason"),
+    [
+        ({"phase": "Pending"}, "Pending", "PodPending"),
+        (
+            {
+                "phase": "Pending",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "cpu"}
+                ],
+            },
+            "Pending",
+            "Unschedulable",
+        ),
+        (
+            {
+                "phase": "Pending",
+                "containerStatuses": [
+                    {"state": {"waiting": {"reason": "ErrImageNeverPull", "message": "m"}}}
+                ],
+            },
+            "Pending",
+            "ErrImageNeverPull",
+        ),
+        (
+            {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "False"}],
+                "containerStatuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
+            },
+            "Pending",
+            "CrashLoopBackOff",
+        ),
+        ({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}, "Running", "PodReady"),
+        ({"phase": "Failed", "reason": "Evicted", "message": "memory"}, "Failed", "Evicted"),
+        ({"phase": "Succeeded"}, "Failed", "PodExited"),
+    ],
+)
+def test_observe_maps_pod_states(status: Obj, phase: str, reason: str) -> None:
+    seen = observe(SBX, pod_with(status))
+    assert (seen.phase, seen.reason) == (phase, reason)
+    assert seen.ready == (phase == "Running")
+    assert seen.message
+
+
+def test_status_keeps_transition_time_while_the_condition_holds() -> None:
+    first = status_for(SBX, Observation("Pending", False, "PodPending", "m"), now="2026-01-01T00:00:00Z")
+    later = {**SBX, "status": first}
+    same = status_for(
+        later, Observation("Pending", False, "ContainerCreating", "m"), now="2026-01-01T00:01:00Z"
+    )
+    assert ready(same)["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    flipped = status_for(later, Observation("Running", True, "PodReady", "m"), now="2026-01-01T00:02:00Z")
+    assert ready(flipped)["lastTransitionTime"] == "2026-01-01T00:02:00Z"
+    assert flipped["observedGeneration"] == ready(flipped)["observedGeneration"] == 3
+
+
+def test_status_carries_over_conditions_of_other_types() -> None:
+    other = {
+        "type": "WorkspaceReady",
+        "status": "True",
+        "reason": "r",
+        "message": "m",
+        "lastTransitionTime": "t",
+    }
+    with_other = {**SBX, "status": {"conditions": [other]}}
+    status = status_for(with_other, Observation("Running", True, "PodReady", "m"))
+    assert status["conditions"][0] == other
+    assert [c["type"] for c in status["conditions"]] == ["WorkspaceReady", "Ready"]
+
+
+def test_operator_settings_keep_kopf_state_out_of_status_and_peering_off() -> None:
+    settings = settings_for(ControllerOptions(workers=4))
+    assert settings.persistence.finalizer == FINALIZER == "warren.dev/controller"
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+    assert settings.peering.standalone is True
+    assert settings.scanning.disabled is True
+    assert settings.execution.max_workers == 4
+
+
+def test_registry_handles_sandboxes_and_watches_only_our_pods(kube: FakeKube) -> None:
+    registry = build_registry(Reconciler(kube))
+    changing = {h.id for h in registry._changing.get_all_handlers()}
+    assert changing == {"ensure", "finalize"}
+    assert {h.id for h in registry._spawning.get_all_handlers()} == {"resync"}
+    (pods,) = registry._watching.get_all_handlers()
+    assert pods.id == "pod-event"
+    assert pods.labels == {"app.kubernetes.io/managed-by": "warren-control"}
+
+
+@pytest.mark.parametrize(
+    ("api_key", "prefix", "expected"),
+    [
+        ({"BearerToken": "t0k"}, {"BearerToken": "Bearer"}, ("Bearer", "t0k")),
+        ({"BearerToken": "t0k"}, {}, (None, "t0k")),
+        ({}, {}, (None, None)),
+    ],
+    ids=["prefixed", "bare", "certificates"],
+)
+def test_kopf_logs_in_as_the_handlers_client(
+    api_key: dict[str, str], prefix: dict[str, str], expected: tuple[str | None, str | None]
+) -> None:
+    configuration = client.Configuration(
+        host="https://api.example:6443", api_key=api_key, api_key_prefix=prefix
+    )
+    configuration.ssl_ca_cert = "ca.crt"
+    info = connection_info(Kube(client.ApiClient(configuration)))
+    assert (info.scheme, info.token) == expected
+    assert info.server == "https://api.example:6443"
+    assert info.ca_path == "ca.crt"

@@ -1,0 +1,233 @@
+"""The pod a Sandbox becomes: its shape, rule by rule of the admission floor, and the
+parts the controller relies on to find it again (name, labels, owner reference)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from warren_control.podspec import (
+    SPEC_HASH_ANNOTATION,
+    PodOptions,
+    SandboxSpecError,
+    controller_uid,
+    pod_for,
+    pod_name,
+    spec_hash,
+)
+
+UID = "3f2a9c1e-7b1d-4c55-9a0e-1d2b3c4d5e6f"
+
+
+def sandbox(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "warren.dev/v1alpha1",
+        "kind": "Sandbox",
+        "metadata": {"name": "s1", "namespace": "warren-sandboxes", "uid": UID, "generation": 1},
+        "spec": {"image": "busybox:stable", **spec},
+    }
+
+
+def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = pod["spec"]
+    return spec["containers"] + spec.get("initContainers", []) + spec.get("ephemeralContainers", [])
+
+
+def floor_violations(pod: dict[str, Any]) -> list[str]:
+    """The rules of manifests/admission-sandbox-pods.yaml.j2, read the same way (the
+    cluster test proves the real policy admits these pods)."""
+    spec = pod["spec"]
+    broken = []
+    if spec.get("runtimeClassName") != "gvisor":
+        broken.append("runtime-class")
+    broken += [key for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)]
+    volumes = spec.get("volumes", [])
+    if any("hostPath" in v for v in volumes):
+        broken.append("host-path")
+    if any(v.get("csi", {}).get("driver", "blockd.warren.dev") != "blockd.warren.dev" for v in volumes):
+        broken.append("csi-driver")
+    if spec.get("automountServiceAccountToken") is not False:
+        broken.append("service-account-token")
+    for c in containers(pod):
+        sc = c.get("securityContext", {})
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            broken.append("host-port")
+        if sc.get("privileged"):
+            broken.append("privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            broken.append("privilege-escalation")
+        if sc.get("capabilities", {}).get("add"):
+            broken.append("capabilities")
+    return broken
+
+
+def test_pod_meets_every_rule_of_the_floor() -> None:
+    assert floor_violations(pod_for(sandbox())) == []
+
+
+def test_exactly_one_container_runs_under_gvisor_without_token_or_host_namespaces() -> None:
+    pod = pod_for(sandbox(command=["sleep", "infinity"]))
+    spec = pod["spec"]
+    assert spec["runtimeClassName"] == "gvisor"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+    assert (spec["hostNetwork"], spec["hostPID"], spec["hostIPC"]) == (False, False, False)
+    assert spec["restartPolicy"] == "Always"
+    assert 0 < spec["terminationGracePeriodSeconds"] <= 10
+    assert "volumes" not in spec and "initContainers" not in spec
+    (container,) = spec["containers"]
+    assert container["image"] == "busybox:stable"
+    assert container["command"] == ["sleep", "infinity"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert "ports" not in container
+
+
+def test_image_command_default_is_kept_when_spec_has_none() -> None:
+    assert "command" not in pod_for(sandbox())["spec"]["containers"][0]
+
+
+def test_resources_default_and_requests_equal_limits() -> None:
+    resources = pod_for(sandbox())["spec"]["containers"][0]["resources"]
+    assert resources == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+
+
+def test_resources_from_spec_integers_and_quantities() -> None:
+    resources = pod_for(sandbox(resources={"cpu": 2, "memory": "512Mi"}))["spec"]["containers"][0][
+        "resources"
+    ]
+    assert resources["requests"] == resources["limits"] == {"cpu": "2", "memory": "512Mi"}
+    only_cpu = pod_for(sandbox(resources={"cpu": "250m"}))["spec"]["containers"][0]["resources"]
+    assert only_cpu["limits"] == {"cpu": "250m", "memory": "1Gi"}
+
+
+def test_options_set_runtime_class_pull_policy_and_defaults() -> None:
+    options = PodOptions(
+        runtime_class="gvisor-kvm", image_pull_policy="Never", default_cpu="500m", default_memory="256Mi"
+    )
+    pod = pod_for(sandbox(), options=options)
+    assert pod["spec"]["runtimeClassName"] == "gvisor-kvm"
+    container = pod["spec"]["containers"][0]
+    assert container["imagePullPolicy"] == "Never"
+    assert container["resources"]["limits"] == {"cpu": "500m", "memory": "256Mi"}
+
+
+def test_name_is_a_function_of_the_uid_only() -> None:
+    first = pod_for(sandbox())
+    again = pod_for(sandbox(image="other", command=["sh"]))
+    assert first["metadata"]["name"] == again["metadata"]["name"] == pod_name(UID) == f"sbx-{UID}"
+    other = sandbox()
+    other["metadata"]["uid"] = UID.replace("3f", "40")
+    assert pod_for(other)["metadata"]["name"] != first["metadata"]["name"]
+
+
+def test_pod_lives_beside_its_sandbox_and_is_owned_by_it() -> None:
+    pod = pod_for(sandbox())
+    meta = pod["metadata"]
+    assert meta["namespace"] == "warren-sandboxes"
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "warren.dev/v1alpha1",
+            "kind": "Sandbox",
+            "name": "s1",
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert controller_uid(pod) == UID
+
+
+def test_labels_floors_and_controller_key_on() -> None:
+    labels = pod_for(sandbox())["metadata"]["labels"]
+    assert labels == {
+        "warren.dev/sandbox": "true",
+        "warren.dev/sandbox-uid": UID,
+        "warren.dev/sandbox-name": "s1",
+        "app.kubernetes.io/managed-by": "warren-control",
+    }
+
+
+def test_long_sandbox_name_is_left_out_of_labels() -> None:
+    long = sandbox()
+    long["metadata"]["name"] = "s" * 64
+    labels = pod_for(long)["metadata"]["labels"]
+    assert "warren.dev/sandbox-name" not in labels
+    assert labels["warren.dev/sandbox-uid"] == UID
+
+
+def test_controller_uid_ignores_other_owners() -> None:
+    pod = pod_for(sandbox())
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "u", "controller": True}
+    ]
+    assert controller_uid(pod) is None
+    pod["metadata"]["ownerReferences"] = []
+    assert controller_uid(pod) is None
+
+
+def test_workspace_volume_is_mounted_at_workspace() -> None:
+    volume = {"csi": {"driver": "blockd.warren.dev", "volumeAttributes": {"workspace": "ws-1"}}}
+    pod = pod_for(sandbox(), workspace_volume=volume)
+    assert pod["spec"]["volumes"] == [{"name": "workspace", **volume}]
+    container = pod["spec"]["containers"][0]
+    assert container["volumeMounts"] == [{"name": "workspace", "mountPath": "/workspace"}]
+    assert container["workingDir"] == "/workspace"
+    assert floor_violations(pod) == []
+
+
+@pytest.mark.parametrize(
+    "volume",
+    [
+        {"hostPath": {"path": "/srv/workspaces/ws-1"}},
+        {"emptyDir": {}},
+        {"csi": {"driver": "blockd.warren.dev"}, "emptyDir": {}},
+        {},
+    ],
+    ids=["hostPath", "emptyDir", "two-sources", "no-source"],
+)
+def test_workspace_volume_that_holds_host_state_or_loses_data_is_refused(volume: dict[str, Any]) -> None:
+    with pytest.raises(SandboxSpecError, match="workspace volume"):
+        pod_for(sandbox(), workspace_volume=volume)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"spec": {}}, "spec.image"),
+        ({"spec": {"image": ""}}, "spec.image"),
+        ({"spec": {"image": "x", "command": "sleep 1"}}, "spec.command"),
+        ({"spec": {"image": "x", "resources": {"cpu": True}}}, "spec.resources.cpu"),
+        ({"spec": {"image": "x", "resources": {"memory": " "}}}, "spec.resources.memory"),
+        ({"metadata": {"name": "s1", "namespace": "n"}}, "metadata.uid"),
+        ({"metadata": {"uid": UID}}, "metadata.name"),
+    ],
+)
+def test_a_sandbox_that_cannot_become_a_pod_is_refused_with_the_field(
+    change: dict[str, Any], match: str
+) -> None:
+    broken = copy.deepcopy(sandbox())
+    broken.update(change)
+    with pytest.raises(SandboxSpecError, match=match):
+        pod_for(broken)
+
+
+def test_spec_hash_follows_what_reaches_the_pod_only() -> None:
+    base = spec_hash(sandbox())
+    assert pod_for(sandbox())["metadata"]["annotations"] == {SPEC_HASH_ANNOTATION: base}
+    assert spec_hash(sandbox(stopped=True, persistent=True, idleTimeoutSeconds=600)) == base
+    assert spec_hash(sandbox(image="other")) != base
+    assert spec_hash(sandbox(command=["sh"])) != base
+    assert spec_hash(sandbox(resources={"cpu": 2})) != base
+
+
+def test_pod_for_does_not_modify_the_sandbox() -> None:
+    original = sandbox(command=["sleep", "1"], resources={"cpu": 1})
+    before = copy.deepcopy(original)
+    pod = pod_for(original)
+    pod["spec"]["containers"][0]["command"].append("x")
+    assert original == before
