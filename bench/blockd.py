@@ -8,8 +8,9 @@ starts its own SeaweedFS and daemons under DIR and measures:
   fork_ms_1g, fork_ms_8g   fork of a workspace imported from a filled 1 GiB / 8 GiB ext4 image
   copy_ms_8g               a full copy of that 8 GiB image file (the baseline a fork replaces)
   shared_ratio_*           two builds of one real project, each in its own fresh ext4 image
-  replication_mib_s        incompressible bytes captured on node disk, drained to storage by the
-                           replicator (chunks in parallel, records in strict order)
+  replication_mib_s        incompressible bytes captured and sealed on node disk (chunks encoded at
+                           seal time), drained to storage by the replicator (chunks in parallel,
+                           records in strict order)
   raw_put_mib_s            the same bytes as parallel PUTs of the same size to the same SeaweedFS
   write_to_replicated_mib_s  the same bytes written into a mounted workspace until `replicated`
   restore_ms_1x, _10x      restore on an empty node after N and 10 N flushed rounds of writes

@@ -4,6 +4,7 @@ wrapper driver that fails on demand (a real store cannot be taken down and back 
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -90,10 +91,11 @@ def test_writers_wait_only_at_the_bound(setup: tuple[Switchable, Workspace], tmp
     driver, ws = setup
     driver.up = False
     rep = Replicator(ws, tmp_path / "spool", backlog_bound=2 * BLOCK, next_seq=1)
-    rep.write(0, b"c" * BLOCK)
+    # The spool holds stored (compressed) bytes: incompressible writes fill it as written.
+    rep.write(0, os.urandom(BLOCK))
     rep.flush()  # backlog below the bound: returns at once
     assert rep.waits == 0
-    rep.write(1, b"d" * BLOCK)
+    rep.write(1, os.urandom(BLOCK))
     rep.flush()  # now the backlog is at the bound
     done = threading.Event()
 

@@ -20,8 +20,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from warren_blockd import chunks
 from warren_blockd.errors import BlobError, FatalError
 from warren_blockd.workspace import LogLane, SplitBrainError, Workspace
 
@@ -144,31 +145,42 @@ class Replicator:
 
     def spooled(self) -> list[tuple[int, bytes]]:
         """Every write still waiting in the spool, oldest first (a restart serves them from
-        node disk until they are replicated)."""
+        node disk until they are replicated). Each is verified as it is decoded."""
         with self._cond:
             queue = list(self._queue)
-        return [run for seq in queue for run in self._read_spool(seq)]
+        return [
+            (run.first, chunks.decode(run.digest, run.stored))
+            for seq in queue
+            for run in self._read_spool(seq)
+        ]
 
     def _spool_path(self, seq: int) -> Path:
         return self.spool / f"{seq:016d}.batch"
 
     def _write_spool(self, seq: int, batch: list[tuple[int, bytes]]) -> Path:
-        header = json.dumps([[first, len(data)] for first, data in batch]).encode() + b"\n"
+        # Chunks are encoded (hashed, compressed) as they are sealed: the spool holds exactly
+        # the bytes that go to storage, so the backlog bound counts stored bytes and the
+        # uploader only moves them.
+        sealed = [(first, len(data) // BLOCK, *chunks.encode(data)) for first, data in batch]
+        header = json.dumps([[first, count, digest, len(stored)] for first, count, digest, stored in sealed])
         path = self._spool_path(seq)
         tmp = path.with_suffix(".tmp")
         with tmp.open("wb") as handle:
-            handle.write(header)
-            for _, data in batch:
-                handle.write(data)
+            handle.write(header.encode() + b"\n")
+            for *_, stored in sealed:
+                handle.write(stored)
             handle.flush()
             os.fsync(handle.fileno())
         tmp.replace(path)
         return path
 
-    def _read_spool(self, seq: int) -> list[tuple[int, bytes]]:
-        # One read per payload: no copy of the whole batch, and the GIL is free while reading.
+    def _read_spool(self, seq: int) -> list[SealedRun]:
+        # One read per chunk: no copy of the whole batch, and the GIL is free while reading.
         with self._spool_path(seq).open("rb") as handle:
-            return [(first, handle.read(length)) for first, length in json.loads(handle.readline())]
+            return [
+                SealedRun(first, count, digest, handle.read(length))
+                for first, count, digest, length in json.loads(handle.readline())
+            ]
 
     # -- uploader --------------------------------------------------------------------
 
@@ -176,7 +188,7 @@ class Replicator:
         # Chunks of the next few batches go up while earlier records are still being
         # published; records themselves are published strictly in order, each only after
         # all of its chunks are confirmed.
-        inflight: dict[int, tuple[list[tuple[int, bytes]], list[Future[str]]]] = {}
+        inflight: dict[int, tuple[list[SealedRun], list[Future[str]]]] = {}
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._queue or self._closing)
@@ -186,11 +198,13 @@ class Replicator:
             for seq in window:
                 if seq not in inflight:
                     batch = self._read_spool(seq)
-                    inflight[seq] = (batch, self.lane.upload(batch))
+                    inflight[seq] = (batch, self.lane.upload_encoded([(r.digest, r.stored) for r in batch]))
             seq = window[0]
             batch, futures = inflight[seq]
             try:
-                self._publish(seq, batch, [future.result() for future in futures])
+                for future in futures:
+                    future.result()  # every chunk confirmed before its record
+                self._publish(seq, batch)
             except (SplitBrainError, FatalError) as exc:
                 with self._cond:
                     self.error = exc
@@ -222,26 +236,34 @@ class Replicator:
             held += size
         return window
 
-    def _publish(self, seq: int, batch: list[tuple[int, bytes]], digests: list[str]) -> None:
+    def _publish(self, seq: int, batch: list[SealedRun]) -> None:
         self.lane.next_seq = seq
+        extents = [[run.first, run.count, run.digest, 0] for run in batch]
         try:
-            self.lane.record(batch, digests)
+            self.lane.record_extents(extents)
         except SplitBrainError:
-            if self._already_ours(seq, batch):
+            if self._already_ours(seq, extents):
                 self.lane.stopped = None
                 self.lane.next_seq = seq + 1
                 return
             raise
 
-    def _already_ours(self, seq: int, batch: list[tuple[int, bytes]]) -> bool:
+    def _already_ours(self, seq: int, extents: list[list[Any]]) -> bool:
         """Whether the record at `seq` is exactly the one this batch makes (published by us
         just before a crash, so resuming must not call it split brain)."""
-        from warren_blockd import chunks
-
         key = f"{self.workspace.prefix}log/{seq:016d}"
         record = json.loads(self.workspace.store.get(key))
-        ours = [[first, len(data) // BLOCK, chunks.digest_of(data), 0] for first, data in batch]
-        return bool(record.get("extents") == ours)
+        return bool(record.get("extents") == extents)
+
+
+@dataclass(frozen=True)
+class SealedRun:
+    """A run of blocks as sealed in the spool: its chunk, encoded."""
+
+    first: int
+    count: int
+    digest: str
+    stored: bytes
 
 
 def _runs(writes: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:

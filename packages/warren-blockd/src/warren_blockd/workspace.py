@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from warren_blockd.blobs.policy import PolicyStore
 from warren_blockd.errors import BlobError, NotFoundError, PreconditionFailedError
@@ -170,14 +171,24 @@ class LogLane:
         store = self.workspace.store
         return [self._pool.submit(store.put_chunk, data, check_first=False) for _, data in payloads]
 
+    def upload_encoded(self, chunks_: list[tuple[str, bytes]]) -> list[Future[str]]:
+        """Like upload, for chunks already encoded (digest, stored bytes) when they were sealed."""
+        store = self.workspace.store
+        return [self._pool.submit(store.put_encoded_chunk, digest, stored) for digest, stored in chunks_]
+
     def record(self, payloads: list[tuple[int, bytes]], digests: list[str]) -> int:
         """Publish the next record naming chunks already confirmed in storage; returns its seq."""
+        return self.record_extents(
+            [
+                [first, len(data) // 4096, digest, 0]
+                for (first, data), digest in zip(payloads, digests, strict=True)
+            ]
+        )
+
+    def record_extents(self, extents: list[list[Any]]) -> int:
+        """Publish the next record: [first block, blocks, chunk digest, offset] per extent."""
         if self.stopped:
             raise SplitBrainError(self.stopped)
-        extents = [
-            [first, len(data) // 4096, digest, 0]
-            for (first, data), digest in zip(payloads, digests, strict=True)
-        ]
         seq = self.next_seq
         body = json.dumps({"seq": seq, "extents": extents}).encode()
         try:

@@ -77,6 +77,11 @@ class PolicyStore:
             self.put(key, stored)
         return digest
 
+    def put_encoded_chunk(self, digest: str, stored: bytes) -> str:
+        """Store a chunk encoded earlier (chunks.encode); returns its digest."""
+        self.put(chunks.key_for(digest), stored)
+        return digest
+
     def get_chunk(self, digest: str) -> bytes:
         """A chunk's raw bytes, verified. A corrupt fetch is fetched once more (it may have
         been cut short on the way); corrupt twice, the error reaches the caller."""
