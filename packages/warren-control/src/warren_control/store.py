@@ -363,7 +363,10 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         moment = datetime.fromisoformat(stamp)
     except (binascii.Error, ValueError, TypeError) as error:
         raise InvalidCursorError from error
-    if not isinstance(sandbox_id, str) or moment.tzinfo is None:
+    # Ids are printable ASCII; anything else (a NUL, a lone surrogate) PostgreSQL could not
+    # even compare, so it is refused here rather than failing in the database.
+    valid_id = isinstance(sandbox_id, str) and sandbox_id.isascii() and sandbox_id.isprintable()
+    if not valid_id or moment.tzinfo is None:
         raise InvalidCursorError
     return moment, sandbox_id
 

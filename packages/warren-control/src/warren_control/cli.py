@@ -1,0 +1,429 @@
+"""`warren-control`: the control plane's one program.
+
+    warren-control serve --role api|edge|controller|all ...
+    warren-control openapi [--output FILE]
+    warren-control sandbox create|get|list|delete|fork|exec|stop|start|read-file|write-file|keepalive ...
+
+The sandbox commands talk to the edge with the SDK: `--url` / WARREN_URL and `--api-key` /
+WARREN_API_KEY. Long operations (a sandbox coming up, stopping, going away) print their
+progress on stderr; results go to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from warren_control.sdk import Client, Phase, Sandbox, WarrenError
+
+DEFAULT_EDGE_PORT = 8080
+DEFAULT_API_PORT = 8081
+
+
+# --- serve -------------------------------------------------------------------------------------
+
+
+def _stamp_key(args: argparse.Namespace) -> bytes:
+    if args.stamp_key_file:
+        key = Path(args.stamp_key_file).read_bytes().strip()
+    else:
+        key = os.environ.get("WARREN_STAMP_KEY", "").encode()
+    if len(key) < 32:  # noqa: PLR2004 (identity.MIN_KEY_BYTES)
+        raise SystemExit("a stamp key of at least 32 bytes is needed: --stamp-key-file or WARREN_STAMP_KEY")
+    return key
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    url: str | None = args.database_url or os.environ.get("WARREN_DATABASE_URL")
+    if not url:
+        raise SystemExit("a database is needed: --database-url or WARREN_DATABASE_URL")
+    return url
+
+
+def _api_app(args: argparse.Namespace) -> Any:
+    from warren_control import db
+    from warren_control.api import ApiSettings, make_api
+
+    url = _database_url(args)
+    if args.migrate:
+        db.upgrade(url)
+    return make_api(
+        ApiSettings(
+            database_url=url,
+            stamp_key=_stamp_key(args),
+            kubeconfig=args.kubeconfig,
+            namespace=args.sandbox_namespace,
+            gpu_available=args.gpu,
+            memory_capture=args.memory_capture,
+            workspaces=args.workspaces,
+        )
+    )
+
+
+def _edge_app(args: argparse.Namespace, api_url: str) -> Any:
+    from warren_control import db, store
+    from warren_control.edge import make_edge
+    from warren_control.oidc import OidcVerifier
+
+    sessions = db.session_factory(db.make_engine(_database_url(args)))
+    oidc = None
+    if args.oidc_issuer:
+        if not args.oidc_audience:
+            raise SystemExit("--oidc-issuer needs --oidc-audience")
+        oidc = OidcVerifier.discover(args.oidc_issuer, args.oidc_audience, org_claim=args.oidc_org_claim)
+    return make_edge(api_url, _stamp_key(args), store.DatabaseKeyResolver(sessions), oidc)
+
+
+def _serve_forever(app: Any, host: str, port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False)
+
+
+def _serve_in_thread(app: Any, host: str, port: int) -> Any:
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False))
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    return server
+
+
+def _run_controller(args: argparse.Namespace) -> None:
+    try:
+        from warren_control import controller
+    except ImportError as exc:
+        raise SystemExit(f"this build has no controller: {exc}") from exc
+    run: Callable[..., None] | None = getattr(controller, "run", None)
+    if run is None:
+        raise SystemExit("this build's controller module has no run()")
+    run(args.watch_namespace or [args.sandbox_namespace], args.kubeconfig)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    role = args.role
+    if role == "api":
+        _serve_forever(_api_app(args), args.host, args.port or DEFAULT_API_PORT)
+    elif role == "edge":
+        api_url = args.api_url or f"http://127.0.0.1:{DEFAULT_API_PORT}"
+        _serve_forever(_edge_app(args, api_url), args.host, args.port or DEFAULT_EDGE_PORT)
+    elif role == "controller":
+        _run_controller(args)
+    else:  # all: the API on loopback only, the edge in front of it, the controller in charge
+        api_port = args.api_port or DEFAULT_API_PORT
+        servers = [_serve_in_thread(_api_app(args), "127.0.0.1", api_port)]
+        servers.append(
+            _serve_in_thread(
+                _edge_app(args, f"http://127.0.0.1:{api_port}"), args.host, args.port or DEFAULT_EDGE_PORT
+            )
+        )
+        try:
+            _run_controller(args)
+        finally:
+            for server in servers:
+                server.should_exit = True
+    return 0
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    from warren_control.api import document
+
+    text = json.dumps(document(), indent=2, sort_keys=True) + "\n"
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+# --- sandbox -----------------------------------------------------------------------------------
+
+
+class Progress:
+    """Progress lines on stderr: each state a sandbox passes through, with the time taken."""
+
+    def __init__(self, stream: TextIO, quiet: bool = False) -> None:
+        self.stream = stream
+        self.quiet = quiet
+        self.started = time.monotonic()
+
+    def __call__(self, sandbox: Sandbox) -> None:
+        if self.quiet:
+            return
+        elapsed = time.monotonic() - self.started
+        reason = f" ({sandbox.reason})" if sandbox.reason else ""
+        print(f"[{elapsed:5.1f}s] {sandbox.id} {sandbox.phase}{reason}", file=self.stream, flush=True)
+
+
+def _client(args: argparse.Namespace) -> Client:
+    url = args.url or os.environ.get("WARREN_URL")
+    key = args.api_key or os.environ.get("WARREN_API_KEY")
+    if not url or not key:
+        raise SystemExit("set --url and --api-key (or WARREN_URL and WARREN_API_KEY)")
+    return Client(url, key)
+
+
+def _show(sandbox: Sandbox, args: argparse.Namespace) -> None:
+    if args.json:
+        print(json.dumps(dict(sandbox.raw), indent=2))
+    else:
+        print(sandbox.id)
+
+
+def _wait(client: Client, args: argparse.Namespace, sandbox_id: str, phase: Phase) -> Sandbox:
+    progress = Progress(sys.stderr, quiet=args.quiet)
+    return client.wait_until(sandbox_id, phase, timeout=args.timeout, progress=progress)
+
+
+def sandbox_create(client: Client, args: argparse.Namespace) -> int:
+    command = args.command or None
+    if command and command[0] == "--":
+        command = command[1:] or None
+    sandbox = client.create(
+        args.image,
+        command=command,
+        cpu_millis=args.cpu_millis,
+        memory_mib=args.memory_mib,
+        persistent=args.persistent,
+        idle_timeout_s=args.idle_timeout,
+        max_lifetime_s=args.max_lifetime,
+        workspace_size_gib=args.workspace_size_gib,
+        workspace_template=args.template,
+    )
+    if args.wait:
+        sandbox = _wait(client, args, sandbox.id, "Running")
+    _show(sandbox, args)
+    return 0
+
+
+def sandbox_get(client: Client, args: argparse.Namespace) -> int:
+    print(json.dumps(dict(client.get(args.id).raw), indent=2))
+    return 0
+
+
+def sandbox_list(client: Client, args: argparse.Namespace) -> int:
+    if args.json:
+        for sandbox in client.list():
+            print(json.dumps(dict(sandbox.raw)))
+        return 0
+    print(f"{'ID':<32} {'PHASE':<12} {'CREATED':<26} IMAGE")
+    for sandbox in client.list():
+        created = sandbox.created_at.isoformat(timespec="seconds") if sandbox.created_at else ""
+        print(f"{sandbox.id:<32} {sandbox.phase:<12} {created:<26} {sandbox.spec.get('image', '')}")
+    return 0
+
+
+def sandbox_delete(client: Client, args: argparse.Namespace) -> int:
+    sandbox = client.delete(args.id)
+    if args.wait and sandbox.phase != "Deleted":
+        _wait(client, args, args.id, "Deleted")
+    print(args.id)
+    return 0
+
+
+def sandbox_fork(client: Client, args: argparse.Namespace) -> int:
+    results = client.fork(args.id, args.count)
+    failed = 0
+    for number, result in enumerate(results, 1):
+        if result.sandbox is None:
+            failed += 1
+            print(f"child {number}: {result.error}: {result.message}", file=sys.stderr)
+            continue
+        child = result.sandbox
+        if args.wait:
+            try:
+                child = _wait(client, args, child.id, "Running")
+            except WarrenError as exc:
+                failed += 1
+                print(f"child {number} ({child.id}): {exc}", file=sys.stderr)
+                continue
+        _show(child, args)
+    return 1 if failed else 0
+
+
+def sandbox_exec(client: Client, args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command and args.command[0] == "--" else args.command
+    if not command:
+        raise SystemExit("name the command to run: sandbox exec ID -- COMMAND [ARG...]")
+    stream = client.exec(args.id, command, timeout=args.exec_timeout)
+    while True:
+        try:
+            chunk = next(stream)
+        except StopIteration as done:
+            return int(done.value)
+        target = sys.stdout if chunk.stream == "stdout" else sys.stderr
+        target.flush()
+        target.buffer.write(chunk.data)
+        target.buffer.flush()
+
+
+def sandbox_stop(client: Client, args: argparse.Namespace) -> int:
+    sandbox = client.stop(args.id)
+    if args.wait:
+        sandbox = _wait(client, args, args.id, "Stopped")
+    _show(sandbox, args)
+    return 0
+
+
+def sandbox_start(client: Client, args: argparse.Namespace) -> int:
+    sandbox = client.start(args.id)
+    if args.wait:
+        sandbox = _wait(client, args, args.id, "Running")
+    _show(sandbox, args)
+    return 0
+
+
+def sandbox_read_file(client: Client, args: argparse.Namespace) -> int:
+    data = client.read_file(args.id, args.path)
+    if args.output and args.output != "-":
+        Path(args.output).write_bytes(data)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def sandbox_write_file(client: Client, args: argparse.Namespace) -> int:
+    data = sys.stdin.buffer.read() if args.source == "-" else Path(args.source).read_bytes()
+    size = client.write_file(args.id, args.path, data)
+    print(f"{size} bytes written to {args.path}", file=sys.stderr)
+    return 0
+
+
+def sandbox_keepalive(client: Client, args: argparse.Namespace) -> int:
+    _show(client.keepalive(args.id), args)
+    return 0
+
+
+# --- parser ------------------------------------------------------------------------------------
+
+
+def _serve_parser(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="run one role of the control plane (or all of them)")
+    serve.add_argument("--role", choices=["api", "edge", "controller", "all"], required=True)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (edge, api)")
+    serve.add_argument("--port", type=int, help=f"port (edge {DEFAULT_EDGE_PORT}, api {DEFAULT_API_PORT})")
+    serve.add_argument("--api-port", type=int, help="with --role all: the API's loopback port")
+    serve.add_argument("--api-url", help="with --role edge: where the API listens")
+    serve.add_argument("--database-url", help="records database (or WARREN_DATABASE_URL)")
+    serve.add_argument("--migrate", action="store_true", help="upgrade the database schema first")
+    serve.add_argument("--stamp-key-file", help="the identity stamp key (or WARREN_STAMP_KEY)")
+    serve.add_argument("--kubeconfig", help="kubeconfig file; the pod's service account when absent")
+    serve.add_argument("--sandbox-namespace", default="warren-sandboxes")
+    serve.add_argument(
+        "--watch-namespace", action="append", help="controller: a namespace to watch (repeatable)"
+    )
+    serve.add_argument("--gpu", action="store_true", help="the cluster has GPUs")
+    serve.add_argument("--memory-capture", action="store_true", help="memory capture is available")
+    serve.add_argument("--workspaces", action="store_true", help="the workspace layer is deployed")
+    serve.add_argument("--oidc-issuer", help="edge: accept bearer tokens from this issuer")
+    serve.add_argument("--oidc-audience", help="edge: the audience tokens must name")
+    serve.add_argument("--oidc-org-claim", default="org", help="edge: the claim naming the organization")
+    serve.set_defaults(handler=cmd_serve)
+
+
+def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command tree, in one place)
+    sandbox = commands.add_parser("sandbox", help="manage sandboxes through the API")
+    sandbox.add_argument("--url", help="the edge's URL (or WARREN_URL)")
+    sandbox.add_argument("--api-key", help="an API key (or WARREN_API_KEY)")
+    sandbox.add_argument("--json", action="store_true", help="print sandboxes as JSON")
+    sandbox.add_argument("--quiet", action="store_true", help="no progress output")
+    sandbox.add_argument("--timeout", type=float, default=300.0, help="how long to wait (seconds)")
+    actions = sandbox.add_subparsers(dest="action", required=True)
+
+    def action(name: str, handler: Callable[[Client, argparse.Namespace], int], help_text: str) -> Any:
+        parser = actions.add_parser(name, help=help_text)
+        parser.set_defaults(sandbox_handler=handler)
+        return parser
+
+    def with_wait(parser: Any) -> None:
+        parser.add_argument("--no-wait", dest="wait", action="store_false", help="return at once")
+
+    create = action("create", sandbox_create, "create a sandbox and wait until it runs")
+    create.add_argument("image")
+    create.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    create.add_argument("--cpu-millis", type=int)
+    create.add_argument("--memory-mib", type=int)
+    create.add_argument("--persistent", action="store_true")
+    create.add_argument("--idle-timeout", type=int, help="seconds")
+    create.add_argument("--max-lifetime", type=int, help="seconds")
+    create.add_argument("--workspace-size-gib", type=int)
+    create.add_argument("--template", help="a workspace id to start from")
+    with_wait(create)
+
+    action("get", sandbox_get, "show a sandbox").add_argument("id")
+    action("list", sandbox_list, "list the organization's sandboxes")
+
+    delete = action("delete", sandbox_delete, "delete a sandbox and wait until it is gone")
+    delete.add_argument("id")
+    with_wait(delete)
+
+    fork = action("fork", sandbox_fork, "fork a sandbox into new ones")
+    fork.add_argument("id")
+    fork.add_argument("--count", type=int, default=1)
+    with_wait(fork)
+
+    run = action("exec", sandbox_exec, "run a command in a sandbox (exits with its exit code)")
+    run.add_argument("id")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    run.add_argument("--exec-timeout", type=int, default=600, help="seconds")
+
+    stop = action("stop", sandbox_stop, "stop a sandbox (its workspace stays)")
+    stop.add_argument("id")
+    with_wait(stop)
+
+    start = action("start", sandbox_start, "start a stopped sandbox")
+    start.add_argument("id")
+    with_wait(start)
+
+    read = action("read-file", sandbox_read_file, "print a file of a sandbox")
+    read.add_argument("id")
+    read.add_argument("path")
+    read.add_argument("--output", "-o", help="write to this file instead of stdout")
+
+    write = action("write-file", sandbox_write_file, "write a file in a sandbox")
+    write.add_argument("id")
+    write.add_argument("path")
+    write.add_argument("source", nargs="?", default="-", help="local file, or - for stdin")
+
+    action("keepalive", sandbox_keepalive, "restart a sandbox's idle timer").add_argument("id")
+
+    sandbox.set_defaults(handler=cmd_sandbox)
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        try:
+            code: int = args.sandbox_handler(client, args)
+        except WarrenError as exc:
+            print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+            return 1
+    return code
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="warren-control", description=(__doc__ or "").splitlines()[0])
+    commands = top.add_subparsers(dest="command", required=True)
+    _serve_parser(commands)
+    openapi = commands.add_parser("openapi", help="print the API's OpenAPI document")
+    openapi.add_argument("--output", "-o", help="write it to this file")
+    openapi.set_defaults(handler=cmd_openapi)
+    _sandbox_parser(commands)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    code: int = args.handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

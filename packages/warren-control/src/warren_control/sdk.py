@@ -1,0 +1,413 @@
+"""A typed Python client for the Warren API.
+
+    from warren_control.sdk import Client
+
+    with Client("https://warren.example", api_key) as warren:
+        box = warren.create("python:3.12", command=["sleep", "infinity"])
+        warren.wait_until(box.id, "Running", timeout=300, progress=lambda b: print(b.phase))
+        result = warren.run(box.id, ["echo", "hi"])
+        print(result.exit_code, result.stdout)
+        warren.delete(box.id)
+
+Every refusal raises `WarrenError` carrying the API's error code and message.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import json
+import time
+import uuid
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import httpx
+
+Phase = Literal["Pending", "Running", "Stopped", "Failed", "Terminating", "Deleted"]
+Stream = Literal["stdout", "stderr"]
+
+
+class WarrenError(Exception):
+    """The API refused a request: `code` is its error code (`not_found`, `quota_exceeded`,
+    `unsupported_capability`, ...), `status` the HTTP status (0 if it never answered)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class WaitTimeout(WarrenError):  # noqa: N818 (a WarrenError like the others)
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "timeout", message)
+
+
+def _time(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    id: str
+    phase: Phase
+    spec: Mapping[str, Any]
+    conditions: tuple[Condition, ...]
+    workspace_id: str | None
+    created_at: datetime | None
+    started_at: datetime | None
+    last_activity_at: datetime | None
+    expires_at: datetime | None
+    deleted_at: datetime | None
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Sandbox:
+        return cls(
+            id=str(data["id"]),
+            phase=data["phase"],
+            spec=dict(data.get("spec") or {}),
+            conditions=tuple(
+                Condition(
+                    type=str(c.get("type", "")),
+                    status=str(c.get("status", "")),
+                    reason=str(c.get("reason") or ""),
+                    message=str(c.get("message") or ""),
+                )
+                for c in data.get("conditions") or []
+            ),
+            workspace_id=data.get("workspace_id"),
+            created_at=_time(data.get("created_at")),
+            started_at=_time(data.get("started_at")),
+            last_activity_at=_time(data.get("last_activity_at")),
+            expires_at=_time(data.get("expires_at")),
+            deleted_at=_time(data.get("deleted_at")),
+            raw=data,
+        )
+
+    @property
+    def reason(self) -> str:
+        """What the Ready condition says, for progress output."""
+        for condition in self.conditions:
+            if condition.type == "Ready":
+                return f"{condition.reason}: {condition.message}" if condition.message else condition.reason
+        return ""
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[Sandbox]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class ForkResult:
+    """One child of a fork: a sandbox, or the reason this one was not made."""
+
+    sandbox: Sandbox | None
+    error: str | None = None
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.sandbox is not None
+
+
+@dataclass(frozen=True)
+class Output:
+    stream: Stream
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+
+def _new_idempotency_key() -> str:
+    return uuid.uuid4().hex
+
+
+class Client:
+    """The API at `base_url` (the edge), authenticated with an API key or an OIDC token."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {api_key}", "User-Agent": "warren-sdk"},
+            timeout=httpx.Timeout(timeout),
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ---- plumbing
+
+    @staticmethod
+    def _raise_for(response: httpx.Response) -> None:
+        if response.is_success:
+            return
+        try:
+            body = response.json()
+            code, message = str(body["error"]), str(body["message"])
+        except (ValueError, KeyError, TypeError):
+            code, message = "http_error", response.text[:500] or response.reason_phrase
+        raise WarrenError(response.status_code, code, message)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(
+                method, path, json=json_body, params=params, headers=headers, content=content
+            )
+        except httpx.HTTPError as exc:
+            raise WarrenError(0, "unreachable", f"{method} {path}: {exc}") from exc
+        self._raise_for(response)
+        return response
+
+    def _sandbox(self, method: str, path: str, **kwargs: Any) -> Sandbox:
+        return Sandbox.from_json(self._request(method, path, **kwargs).json())
+
+    # ---- sandboxes
+
+    def create(
+        self,
+        image: str,
+        *,
+        command: builtins.list[str] | None = None,
+        cpu_millis: int | None = None,
+        memory_mib: int | None = None,
+        persistent: bool = False,
+        idle_timeout_s: int | None = None,
+        max_lifetime_s: int | None = None,
+        workspace_size_gib: int | None = None,
+        workspace_template: str | None = None,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> Sandbox:
+        """Create a sandbox. An idempotency key is sent always (a fresh one unless given), so
+        the SDK's own retry of a lost answer can never make a second sandbox."""
+        body: dict[str, Any] = {"image": image, "persistent": persistent, **options}
+        for name, value in (
+            ("command", command),
+            ("cpu_millis", cpu_millis),
+            ("memory_mib", memory_mib),
+            ("idle_timeout_s", idle_timeout_s),
+            ("max_lifetime_s", max_lifetime_s),
+        ):
+            if value is not None:
+                body[name] = value
+        if workspace_size_gib is not None or workspace_template is not None:
+            workspace: dict[str, Any] = {}
+            if workspace_size_gib is not None:
+                workspace["size_gib"] = workspace_size_gib
+            if workspace_template is not None:
+                workspace["template"] = workspace_template
+            body["workspace"] = workspace
+        key = idempotency_key or _new_idempotency_key()
+        created: Sandbox = self._retrying(
+            lambda: self._sandbox("POST", "/v1/sandboxes", json_body=body, headers={"Idempotency-Key": key})
+        )
+        return created
+
+    @staticmethod
+    def _retrying(call: Callable[[], Any], attempts: int = 3) -> Any:
+        """Retry a call that carries an idempotency key when no answer came back."""
+        for attempt in range(attempts):
+            try:
+                return call()
+            except WarrenError as exc:
+                if exc.code != "unreachable" or attempt == attempts - 1:
+                    raise
+                time.sleep(0.5 * 2**attempt)
+        raise AssertionError("not reached")
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        return self._sandbox("GET", f"/v1/sandboxes/{sandbox_id}")
+
+    def list_page(self, *, limit: int = 50, cursor: str | None = None) -> Page:
+        params: dict[str, Any] = {"limit": limit}
+        if cursor is not None:
+            params["cursor"] = cursor
+        data = self._request("GET", "/v1/sandboxes", params=params).json()
+        return Page([Sandbox.from_json(item) for item in data["items"]], data.get("next_cursor"))
+
+    def list(self, *, page_size: int = 100) -> Iterator[Sandbox]:
+        """Every sandbox of the organization, oldest first, fetched a page at a time."""
+        cursor: str | None = None
+        while True:
+            page = self.list_page(limit=page_size, cursor=cursor)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def delete(self, sandbox_id: str) -> Sandbox:
+        return self._sandbox("DELETE", f"/v1/sandboxes/{sandbox_id}")
+
+    def fork(
+        self, sandbox_id: str, count: int = 1, *, idempotency_key: str | None = None
+    ) -> builtins.list[ForkResult]:
+        key = idempotency_key or _new_idempotency_key()
+
+        def call() -> builtins.list[ForkResult]:
+            data = self._request(
+                "POST",
+                f"/v1/sandboxes/{sandbox_id}/fork",
+                json_body={"count": count},
+                headers={"Idempotency-Key": key},
+            ).json()
+            return [
+                ForkResult(Sandbox.from_json(r["sandbox"]))
+                if r.get("ok")
+                else ForkResult(None, r.get("error"), r.get("message"))
+                for r in data["results"]
+            ]
+
+        results: builtins.list[ForkResult] = self._retrying(call)
+        return results
+
+    def stop(self, sandbox_id: str) -> Sandbox:
+        return self._sandbox("POST", f"/v1/sandboxes/{sandbox_id}/stop")
+
+    def start(self, sandbox_id: str) -> Sandbox:
+        return self._sandbox("POST", f"/v1/sandboxes/{sandbox_id}/start")
+
+    def keepalive(self, sandbox_id: str) -> Sandbox:
+        return self._sandbox("POST", f"/v1/sandboxes/{sandbox_id}/keepalive")
+
+    # ---- commands and files
+
+    def exec(
+        self, sandbox_id: str, command: builtins.list[str], *, timeout: int = 60
+    ) -> Generator[Output, None, int]:
+        """Run `command`, yielding its output as it arrives; the generator's return value
+        (`code = yield from client.exec(...)`) is the exit code. Raises WarrenError if the
+        command could not run or did not finish in `timeout` seconds."""
+        body = {"command": command, "timeout_s": timeout}
+        # No read timeout: a command may be quiet for a long time and still be working.
+        read_timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        try:
+            with self._http.stream(
+                "POST", f"/v1/sandboxes/{sandbox_id}/exec", json=body, timeout=read_timeout
+            ) as response:
+                if not response.is_success:
+                    response.read()
+                    self._raise_for(response)
+                for line in response.iter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if "stream" in event:
+                        text = event.get("text")
+                        data = (
+                            text.encode() if text is not None else base64.b64decode(event.get("base64", ""))
+                        )
+                        yield Output(event["stream"], data)
+                    elif event.get("exit_code") is not None:
+                        return int(event["exit_code"])
+                    else:
+                        raise WarrenError(200, str(event.get("error")), str(event.get("message")))
+        except httpx.HTTPError as exc:
+            raise WarrenError(0, "unreachable", f"exec: {exc}") from exc
+        raise WarrenError(0, "unreachable", "the exec stream ended without an exit code")
+
+    def run(self, sandbox_id: str, command: builtins.list[str], *, timeout: int = 60) -> ExecResult:
+        """Run `command` to completion and collect its output."""
+        out, err = bytearray(), bytearray()
+        stream = self.exec(sandbox_id, command, timeout=timeout)
+        while True:
+            try:
+                chunk = next(stream)
+            except StopIteration as done:
+                return ExecResult(int(done.value), bytes(out), bytes(err))
+            (out if chunk.stream == "stdout" else err).extend(chunk.data)
+
+    def read_file(self, sandbox_id: str, path: str) -> bytes:
+        return self._request("GET", f"/v1/sandboxes/{sandbox_id}/files", params={"path": path}).content
+
+    def write_file(self, sandbox_id: str, path: str, data: bytes) -> int:
+        response = self._request(
+            "PUT",
+            f"/v1/sandboxes/{sandbox_id}/files",
+            params={"path": path},
+            content=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return int(response.json()["size"])
+
+    # ---- waiting
+
+    def wait_until(
+        self,
+        sandbox_id: str,
+        phase: Phase,
+        timeout: float = 300.0,
+        progress: Callable[[Sandbox], None] | None = None,
+        *,
+        interval: float = 1.0,
+    ) -> Sandbox:
+        """Poll until the sandbox is in `phase`; `progress` sees every state it passes
+        through (once per change). Raises WarrenError `failed` if it fails instead, and
+        WaitTimeout after `timeout` seconds. Waiting for "Deleted" ends when the sandbox
+        is gone."""
+        deadline = time.monotonic() + timeout
+        last: tuple[str, str] | None = None
+        while True:
+            try:
+                sandbox = self.get(sandbox_id)
+            except WarrenError as exc:
+                if phase == "Deleted" and exc.code == "not_found":
+                    return Sandbox.from_json({"id": sandbox_id, "phase": "Deleted"})
+                raise
+            seen = (sandbox.phase, sandbox.reason)
+            if progress is not None and seen != last:
+                progress(sandbox)
+            last = seen
+            if sandbox.phase == phase:
+                return sandbox
+            if sandbox.phase == "Failed" and phase != "Failed":
+                raise WarrenError(200, "failed", sandbox.reason or "the sandbox failed")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WaitTimeout(f"{sandbox_id} is {sandbox.phase} after {timeout:.0f} s, not {phase}")
+            time.sleep(min(interval, remaining))

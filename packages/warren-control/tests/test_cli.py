@@ -1,0 +1,192 @@
+"""The `warren-control` program: the OpenAPI document it prints (and the committed copy in
+docs/), and the sandbox commands against the API behind the real edge."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from api_stack import Stack
+from warren_control import cli, store
+from warren_control.api import document
+from warren_control.db import make_engine, session_factory
+
+pytest_plugins = ["api_fixtures"]
+
+COMMITTED = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
+IMAGE = "registry.example/tools/busybox:1.36"
+
+
+def test_the_committed_openapi_document_is_the_apps() -> None:
+    # Regenerate with: warren-control openapi --output docs/openapi.json
+    assert json.loads(COMMITTED.read_text()) == document()
+
+
+def test_openapi_command_prints_the_document(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["openapi"]) == 0
+    assert json.loads(capsys.readouterr().out) == document()
+
+
+def run(stack: Stack, token: str, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["sandbox", "--url", stack.edge, "--api-key", token, *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_sandbox_commands(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    org = stack.org()
+    code, out, _ = run(stack, org.token, capsys, "create", "--no-wait", IMAGE, "--", "sleep", "infinity")
+    assert code == 0
+    sandbox_id = out.strip()
+    assert sandbox_id.startswith("sbx_")
+    obj = stack.standin.get(stack.object_name(sandbox_id))
+    assert obj is not None
+    assert obj["spec"]["command"] == ["sleep", "infinity"]
+
+    code, out, _ = run(stack, org.token, capsys, "get", sandbox_id)
+    assert (code, json.loads(out)["id"]) == (0, sandbox_id)
+
+    code, out, _ = run(stack, org.token, capsys, "list")
+    assert code == 0
+    assert sandbox_id in out
+    assert out.splitlines()[0].split()[:3] == ["ID", "PHASE", "CREATED"]
+
+    code, out, err = run(stack, org.token, capsys, "fork", "--no-wait", "--count", "2", sandbox_id)
+    assert code == 0
+    assert len(out.split()) == 2
+
+    code, out, _ = run(stack, org.token, capsys, "stop", "--no-wait", sandbox_id)
+    assert (code, out.strip()) == (0, sandbox_id)
+    code, out, _ = run(stack, org.token, capsys, "start", "--no-wait", sandbox_id)
+    assert (code, out.strip()) == (0, sandbox_id)
+
+    code, out, err = run(stack, org.token, capsys, "exec", sandbox_id, "--", "echo", "hi")
+    assert code == 1
+    assert "not_running" in err
+
+    code, out, _ = run(stack, org.token, capsys, "delete", sandbox_id)
+    assert (code, out.strip()) == (0, sandbox_id)
+    code, out, err = run(stack, org.token, capsys, "get", sandbox_id)
+    assert code == 1
+    assert err.startswith("error: not_found:")
+
+
+def test_create_waits_for_running_and_shows_progress(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    org = stack.org()
+    made: list[str] = []
+    before = set(stack.standin.objects)
+
+    def controller() -> None:
+        # Plays the controller: the Sandbox that appears is reported Pending, then Running.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not made:
+            made.extend(name for key, name in list(stack.standin.objects) if (key, name) not in before)
+            time.sleep(0.02)
+        stack.standin.set_status(
+            made[0],
+            {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "False",
+                        "reason": "ContainerCreating",
+                        "message": "starting",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    }
+                ],
+            },
+        )
+        time.sleep(1.5)
+        stack.standin.set_status(made[0], {"phase": "Running"})
+
+    helper = threading.Thread(target=controller)
+    helper.start()
+    code, out, err = run(stack, org.token, capsys, "--timeout", "20", "create", "progress/image:1")
+    helper.join()
+    assert code == 0
+    assert out.strip().startswith("sbx_")
+    lines = err.splitlines()
+    assert any("Pending" in line for line in lines)
+    assert any("ContainerCreating" in line for line in lines)
+    assert "Running" in lines[-1]
+
+
+def test_refusals_exit_non_zero_with_the_code(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    org = stack.org(quota_sandboxes=0)
+    code, _, err = run(stack, org.token, capsys, "create", "--no-wait", IMAGE)
+    assert code == 1
+    assert err.startswith("error: quota_exceeded:")
+    code, _, err = run(stack, "wk_aaaaaaaaaaaa_" + "A" * 43, capsys, "list")
+    assert code == 1
+    assert "unauthenticated" in err
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _until_up(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the server exited"
+        try:
+            httpx.get(url, timeout=1)
+        except httpx.TransportError:
+            time.sleep(0.1)
+            continue
+        return
+    raise AssertionError(f"{url} did not come up")
+
+
+def test_serve_runs_the_api_behind_the_edge(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'records.db'}"
+    key_file = tmp_path / "stamp.key"
+    key_file.write_bytes(b"x" * 48 + b"\n")
+    api_port, edge_port = _free_port(), _free_port()
+    common = ["--database-url", url, "--stamp-key-file", str(key_file)]
+    program = [sys.executable, "-m", "warren_control.cli", "serve"]
+    api = subprocess.Popen([*program, "--role", "api", "--port", str(api_port), "--migrate", *common])
+    processes = [api]
+    try:
+        _until_up(f"http://127.0.0.1:{api_port}/healthz", api)
+        edge = subprocess.Popen(
+            [
+                *program,
+                "--role",
+                "edge",
+                "--port",
+                str(edge_port),
+                "--api-url",
+                f"http://127.0.0.1:{api_port}",
+                *common,
+            ]
+        )
+        processes.append(edge)
+        _until_up(f"http://127.0.0.1:{edge_port}/v1/sandboxes", edge)
+        sessions = session_factory(make_engine(url))
+        with sessions.begin() as session:
+            org = store.create_org(session, "served")
+            user = store.create_user(session, org.id, "admin")
+            token = store.issue_api_key(session, org.id, user.id, []).token
+        listed = httpx.get(
+            f"http://127.0.0.1:{edge_port}/v1/sandboxes", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert (listed.status_code, listed.json()) == (200, {"items": [], "next_cursor": None})
+        assert httpx.get(f"http://127.0.0.1:{edge_port}/v1/sandboxes").status_code == 401
+        assert httpx.get(f"http://127.0.0.1:{api_port}/v1/sandboxes").status_code == 401
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=30)
