@@ -10,17 +10,22 @@ otherwise."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from api_stack import OrgHandle, Stack, StandIn, serve_stack
+from api_stack import OrgHandle, Stack, StandIn, serve_stack, settings_for
 from k8s_helpers import Controller, pods_of, wait_for
-from warren_control.api import ORG_LABEL, org_hash
+from warren_control.api import ORG_LABEL, Cluster, org_hash
 from warren_control.db import upgrade
 from warren_control.kube import Kube
+from warren_control.mirror import Mirror, MirrorOptions
+from warren_control.models import utcnow
 from warren_control.podspec import pod_name
+from warren_control.reaper import Reaper
 from warren_control.sdk import Sandbox, WarrenError
 
 pytest_plugins = ["k8s_fixtures"]
@@ -32,10 +37,22 @@ SLEEP = ["sleep", "86400"]
 
 @pytest.fixture
 def cluster_stack(kube: Kube, namespace: str, controller: Controller, tmp_path: Path) -> Iterator[Stack]:
+    """The API answering from its records alone, kept current by a status mirror watching
+    the real cluster (as `serve --role all` runs them)."""
     url = f"sqlite:///{tmp_path / 'records.db'}"
     upgrade(url)
-    with serve_stack(url, StandIn(), kube=kube, namespace=namespace, workspaces=True) as stack:
-        yield stack
+    with serve_stack(
+        url, StandIn(), kube=kube, namespace=namespace, workspaces=True, read_through=False
+    ) as stack:
+        stop = threading.Event()
+        mirror = Mirror(stack.sessions, kube, namespace, MirrorOptions(resync_seconds=5))
+        thread = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            yield stack
+        finally:
+            stop.set()
+            thread.join(timeout=30)
 
 
 def progress_log(lines: list[str]) -> Callable[[Sandbox], None]:
@@ -184,3 +201,29 @@ def test_what_the_cluster_shows_is_what_the_client_reads(
     org.client.delete(box.id)
     org.client.wait_until(box.id, "Deleted", timeout=120)
     assert kube.list_sandboxes(namespace) == []
+
+
+def test_the_reaper_on_the_cluster(cluster_stack: Stack, kube: Kube, namespace: str, image: str) -> None:
+    """Idle past the deadline: the plain sandbox is deleted (resource and pod gone), the
+    persistent one stopped (pod gone, resource kept) and started again on request."""
+    stack = cluster_stack
+    plain_org = stack.org(may_persist=True)
+    plain = running(plain_org, image)
+    kept = plain_org.client.create(image, command=SLEEP, cpu_millis=50, memory_mib=128, persistent=True)
+    plain_org.client.wait_until(kept.id, "Running", timeout=START_TIMEOUT)
+    kept_name = stack.object_name(kept.id)
+    kept_obj = kube.read_sandbox(namespace, kept_name)
+    assert kept_obj is not None
+
+    cluster = Cluster(settings_for(stack.url, StandIn(), kube=kube, namespace=namespace))
+    reaper = Reaper(stack.sessions, cluster)
+    reaper.sweep(utcnow() + timedelta(days=2))  # past both idle deadlines, within the lifetime
+    plain_org.client.wait_until(plain.id, "Deleted", timeout=120)
+    plain_org.client.wait_until(kept.id, "Stopped", timeout=START_TIMEOUT)
+    wait_for(lambda: not pods_of(kube, namespace, kept_obj["metadata"]["uid"]), 60, "the pod to go")
+    assert kube.read_sandbox(namespace, kept_name) is not None  # the sandbox itself stays
+    plain_org.client.start(kept.id)
+    plain_org.client.wait_until(kept.id, "Running", timeout=START_TIMEOUT)
+    assert plain_org.client.run(kept.id, ["echo", "again"]).stdout == b"again\n"
+    plain_org.client.delete(kept.id)
+    plain_org.client.wait_until(kept.id, "Deleted", timeout=120)

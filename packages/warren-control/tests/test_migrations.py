@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from alembic import command
@@ -13,14 +13,14 @@ from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 from warren_control import store
 from warren_control.db import MIGRATIONS, alembic_config, make_engine, session_factory, upgrade
-from warren_control.models import Base
+from warren_control.models import Base, Sandbox
 
 
 def test_migrations_ship_inside_the_package() -> None:
     assert (MIGRATIONS / "env.py").is_file()
     assert (MIGRATIONS / "script.py.mako").is_file()
     scripts = ScriptDirectory.from_config(alembic_config())
-    assert scripts.get_heads() == ["0001"]
+    assert scripts.get_heads() == ["0002"]
 
 
 def test_upgrade_creates_exactly_the_models_schema(records_url: str) -> None:
@@ -33,7 +33,7 @@ def test_upgrade_creates_exactly_the_models_schema(records_url: str) -> None:
                 connection, opts={"compare_type": True, "compare_server_default": True}
             )
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == "0001"
+            assert context.get_current_revision() == "0002"
             assert set(inspect(connection).get_table_names()) == {*Base.metadata.tables, "alembic_version"}
     finally:
         engine.dispose()
@@ -84,5 +84,43 @@ def test_database_enforces_constraints(records_url: str) -> None:
                 connection.execute(insert, {**row, **bad})
         with engine.begin() as connection:
             connection.execute(insert, {**row, "user": user_a.id})
+    finally:
+        engine.dispose()
+
+
+def test_0002_gives_existing_sandboxes_their_idle_deadline(records_url: str) -> None:
+    engine = make_engine(records_url)
+    try:
+        with engine.begin() as connection:
+            config = alembic_config(records_url)
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0001")
+            now = datetime(2026, 1, 1, tzinfo=UTC)
+            connection.execute(
+                text(
+                    "INSERT INTO organizations (id, name, quota_sandboxes, quota_cpu_millis,"
+                    " quota_memory_mib, idle_timeout_s, max_lifetime_s, may_persist, created_at)"
+                    " VALUES ('o1', 'o1', 1, 1, 1, 60, 600, false, :now)"
+                ),
+                {"now": now},
+            )
+            connection.execute(
+                text("INSERT INTO users (id, org_id, subject, created_at) VALUES ('u1', 'o1', 's', :now)"),
+                {"now": now},
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO sandboxes (id, org_id, created_by, spec, object_name, phase, conditions,"
+                    " created_at, last_activity_at, expires_at)"
+                    " VALUES ('s1', 'o1', 'u1', :spec, 'obj1', 'Running', '[]', :now, :now, :later)"
+                ),
+                {"spec": '{"idle_timeout_s": 90}', "now": now, "later": now + timedelta(seconds=600)},
+            )
+            command.upgrade(config, "head")
+        with session_factory(engine)() as session:
+            found = session.get(Sandbox, "s1")
+            assert found is not None
+            assert found.idle_deadline_at == datetime(2026, 1, 1, 0, 1, 30, tzinfo=UTC)
+            assert found.location is None
     finally:
         engine.dispose()

@@ -25,7 +25,7 @@ import re
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -45,6 +45,7 @@ from warren_control.db import make_engine, session_factory
 from warren_control.identity import Identity, add_identity_error_handler, require_identity
 from warren_control.kube import ApiException, Kube, Obj, error_message
 from warren_control.models import IdempotencyRecord, Organization, Sandbox, SandboxPhase, User, utcnow
+from warren_control.observation import converge, scrub
 from warren_control.podspec import (
     CONTAINER,
     GROUP,
@@ -70,9 +71,6 @@ RUNTIME = "gvisor"
 # The label that says which organization a Sandbox resource belongs to: a digest of the
 # organization's id, so the cluster (and whoever reads it) learns neither id nor name.
 ORG_LABEL = "warren.dev/org-hash"
-# A record whose resource is missing this long after creation was never (or is no longer)
-# in the cluster: a crash between the two writes, or a resource deleted behind our back.
-MISSING_GRACE = timedelta(seconds=60)
 MAX_FORK = 100
 MAX_EXEC_TIMEOUT_S = 3600
 FILE_TIMEOUT_S = 120
@@ -81,12 +79,6 @@ DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 _SCHEMAS = "#/components/schemas/"
 _SANDBOX_ID = re.compile(r"sbx_[a-z2-7]{26}")
 _WORKSPACE_ID = r"^ws_[a-z2-7]{26}$"
-# Names the cluster uses that must never reach a client: pods (sbx-<uid>), Sandbox objects
-# (sandbox-<random>), uids and container ids.
-_POD_NAME = re.compile(r"\bsbx-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
-_OBJECT_NAME = re.compile(r"\bsandbox-[a-z2-7]{26}\b")
-_UID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
-_CONTAINER_ID = re.compile(r"\b[0-9a-f]{64}\b")
 
 
 # --- settings ----------------------------------------------------------------------------------
@@ -252,6 +244,13 @@ class ConditionOut(BaseModel):
     last_transition_time: str | None = None
 
 
+class LocationOut(BaseModel):
+    """Where the sandbox runs, as coarse as the cluster's topology labels: never a node."""
+
+    zone: str | None = None
+    region: str | None = None
+
+
 class SandboxOut(BaseModel):
     id: str
     phase: Phase
@@ -261,8 +260,12 @@ class SandboxOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     last_activity_at: datetime
-    expires_at: datetime
+    idle_deadline_at: datetime | None = Field(
+        description="When the reaper acts if nothing happens: deletes it, or stops a persistent one"
+    )
+    expires_at: datetime = Field(description="The hard lifetime: the reaper deletes it then")
     deleted_at: datetime | None
+    location: LocationOut | None
 
 
 class PageOut(BaseModel):
@@ -380,19 +383,6 @@ def org_hash(org_id: str) -> str:
     return hashlib.sha256(org_id.encode()).hexdigest()[:32]
 
 
-def scrub(text: str, *names: str) -> str:
-    """`text` without the cluster's names for a sandbox: its object, pod, namespace,
-    container and node names, uids and container ids."""
-    for name in sorted((n for n in names if n), key=len, reverse=True):
-        text = re.sub(rf"\bpods?\s+\"?{re.escape(name)}\"?", "the pod", text)
-        text = text.replace(name, "the sandbox")
-    text = _POD_NAME.sub("the pod", text)
-    text = _OBJECT_NAME.sub("the sandbox", text)
-    text = re.sub(rf"\bcontainer\s+\"?{re.escape(CONTAINER)}\"?", "the container", text)
-    text = _CONTAINER_ID.sub("<id>", text)
-    return _UID.sub("<id>", text)
-
-
 def _resource(record: Sandbox, namespace: str) -> Obj:
     spec = record.spec
     body: Obj = {
@@ -421,52 +411,6 @@ def _resource(record: Sandbox, namespace: str) -> Obj:
         },
         "spec": body,
     }
-
-
-def converge(session: Session, record: Sandbox, obj: Obj | None, namespace: str) -> None:
-    """Bring the record's phase and conditions to what the Sandbox resource's status says
-    (the controller's observation of the pod), in the client's words."""
-    if record.phase is SandboxPhase.DELETED:
-        return
-    if obj is None:
-        if record.phase is SandboxPhase.TERMINATING:
-            store.set_phase(session, record, SandboxPhase.DELETED)
-        elif record.phase is not SandboxPhase.FAILED and utcnow() - record.created_at > MISSING_GRACE:
-            condition = {
-                "type": "Ready",
-                "status": "False",
-                "reason": "ResourceMissing",
-                "message": "the cluster holds nothing for this sandbox",
-                "last_transition_time": utcnow().isoformat(),
-            }
-            store.set_phase(session, record, SandboxPhase.FAILED, conditions=[condition])
-        return
-    meta = obj.get("metadata") or {}
-    status = obj.get("status") or {}
-    uid = str(meta.get("uid") or "")
-    names = (record.object_name, pod_name(uid) if uid else "", uid, namespace)
-    conditions = [
-        {
-            "type": str(c.get("type", "")),
-            "status": str(c.get("status", "")),
-            "reason": scrub(str(c.get("reason") or ""), *names),
-            "message": scrub(str(c.get("message") or ""), *names),
-            "last_transition_time": c.get("lastTransitionTime"),
-        }
-        for c in status.get("conditions") or []
-        if isinstance(c, dict)
-    ]
-    observed = status.get("phase")
-    if meta.get("deletionTimestamp"):
-        # Being deleted, whatever the status still says. (The controller also reports
-        # Terminating while a stopped sandbox's pod goes away: that one passes.)
-        phase = SandboxPhase.TERMINATING
-    elif observed in {p.value for p in SandboxPhase} and observed != SandboxPhase.DELETED.value:
-        phase = SandboxPhase(observed)
-    else:
-        phase = record.phase
-    if phase is not record.phase or (conditions and conditions != record.conditions):
-        store.set_phase(session, record, phase, conditions=conditions or None)
 
 
 # --- exec output -------------------------------------------------------------------------------
@@ -631,10 +575,7 @@ class _Api:
 
     def new_record(self, session: Session, org: Organization, user: User, spec: dict[str, Any]) -> Sandbox:
         workspace_id = ids.new_workspace_id() if self.settings.workspaces else None
-        record = store.create_sandbox(session, org.id, user.id, spec, workspace_id=workspace_id)
-        record.expires_at = record.created_at + timedelta(seconds=int(spec["max_lifetime_s"]))
-        session.flush()
-        return record
+        return store.create_sandbox(session, org.id, user.id, spec, workspace_id=workspace_id)
 
     def check_template(self, session: Session, org_id: str, template: str | None) -> None:
         if template is None:
@@ -964,6 +905,8 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
         with api.sessions.begin() as session:
             record = api.find(session, who, sandbox_id)
             record.spec = {**record.spec, "stopped": stopped}
+            if not stopped:
+                record.touch()  # starting is activity, and restarts a timer the reaper paused
             session.flush()
             return JSONResponse(api.public(record), status_code=202)
 
@@ -1003,7 +946,7 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
     def keepalive(sandbox_id: str, who: Who) -> Response:
         with api.sessions.begin() as session:
             record = api.find(session, who, sandbox_id)
-            record.last_activity_at = utcnow()
+            record.touch()
             session.flush()
             return JSONResponse(api.public(record))
 

@@ -1,7 +1,8 @@
 """`warren-control`: the control plane's one program.
 
-    warren-control serve --role api|edge|controller|all ...
+    warren-control serve --role api|edge|controller|mirror|reaper|all ...
     warren-control openapi [--output FILE]
+    warren-control admin migrate|create-org|issue-key|revoke-key|list-keys ...   (admin_cli.py)
     warren-control sandbox create|get|list|delete|fork|exec|stop|start|read-file|write-file|keepalive ...
 
 The sandbox commands talk to the edge with the SDK: `--url` / WARREN_URL and `--api-key` /
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from warren_control.admin_cli import add_admin_parser
 from warren_control.sdk import Client, Phase, Sandbox, WarrenError
 
 DEFAULT_EDGE_PORT = 8080
@@ -47,24 +49,57 @@ def _database_url(args: argparse.Namespace) -> str:
     return url
 
 
-def _api_app(args: argparse.Namespace) -> Any:
+def _api_settings(args: argparse.Namespace, *, read_through: bool) -> Any:
     from warren_control import db
-    from warren_control.api import ApiSettings, make_api
+    from warren_control.api import ApiSettings
 
     url = _database_url(args)
     if args.migrate:
         db.upgrade(url)
-    return make_api(
-        ApiSettings(
-            database_url=url,
-            stamp_key=_stamp_key(args),
-            kubeconfig=args.kubeconfig,
-            namespace=args.sandbox_namespace,
-            gpu_available=args.gpu,
-            memory_capture=args.memory_capture,
-            workspaces=args.workspaces,
-        )
+    return ApiSettings(
+        database_url=url,
+        stamp_key=_stamp_key(args) if args.role in {"api", "edge", "all"} else b"",
+        kubeconfig=args.kubeconfig,
+        namespace=args.sandbox_namespace,
+        gpu_available=args.gpu,
+        memory_capture=args.memory_capture,
+        workspaces=args.workspaces,
+        read_through=read_through,
     )
+
+
+def _api_app(settings: Any) -> Any:
+    from warren_control.api import make_api
+
+    return make_api(settings)
+
+
+def _background(args: argparse.Namespace, settings: Any, roles: Sequence[str], stop: threading.Event) -> None:
+    """Start the mirror and/or the reaper in threads that end when `stop` is set."""
+    from warren_control import db
+    from warren_control.api import Cluster
+    from warren_control.kube import Kube
+    from warren_control.mirror import Mirror, MirrorOptions
+    from warren_control.reaper import Reaper, ReaperOptions
+
+    sessions = db.session_factory(db.make_engine(settings.database_url))
+    workers: list[Any] = []
+    if "mirror" in roles:
+        options = MirrorOptions(resync_seconds=args.resync_seconds)
+        workers.append(Mirror(sessions, Kube.connect(args.kubeconfig), settings.namespace, options))
+    if "reaper" in roles:
+        workers.append(Reaper(sessions, Cluster(settings), ReaperOptions(interval_s=args.reap_interval)))
+    for worker in workers:
+        threading.Thread(target=worker.run, args=(stop,), name=type(worker).__name__, daemon=True).start()
+
+
+def _until_signalled(stop: threading.Event) -> None:
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(3600):
+        pass
 
 
 def _edge_app(args: argparse.Namespace, api_url: str) -> Any:
@@ -109,24 +144,33 @@ def _run_controller(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     role = args.role
+    stop = threading.Event()
     if role == "api":
-        _serve_forever(_api_app(args), args.host, args.port or DEFAULT_API_PORT)
+        # Without a mirror deployed, reads converge each record from the cluster themselves.
+        settings = _api_settings(args, read_through=not args.no_read_through)
+        _serve_forever(_api_app(settings), args.host, args.port or DEFAULT_API_PORT)
     elif role == "edge":
         api_url = args.api_url or f"http://127.0.0.1:{DEFAULT_API_PORT}"
         _serve_forever(_edge_app(args, api_url), args.host, args.port or DEFAULT_EDGE_PORT)
     elif role == "controller":
         _run_controller(args)
-    else:  # all: the API on loopback only, the edge in front of it, the controller in charge
+    elif role in {"mirror", "reaper"}:
+        _background(args, _api_settings(args, read_through=False), [role], stop)
+        _until_signalled(stop)
+    else:  # all: API on loopback, the edge in front, mirror and reaper beside, the controller in charge
+        settings = _api_settings(args, read_through=False)
         api_port = args.api_port or DEFAULT_API_PORT
-        servers = [_serve_in_thread(_api_app(args), "127.0.0.1", api_port)]
+        servers = [_serve_in_thread(_api_app(settings), "127.0.0.1", api_port)]
         servers.append(
             _serve_in_thread(
                 _edge_app(args, f"http://127.0.0.1:{api_port}"), args.host, args.port or DEFAULT_EDGE_PORT
             )
         )
+        _background(args, settings, ["mirror", "reaper"], stop)
         try:
             _run_controller(args)
         finally:
+            stop.set()
             for server in servers:
                 server.should_exit = True
     return 0
@@ -307,7 +351,9 @@ def sandbox_keepalive(client: Client, args: argparse.Namespace) -> int:
 
 def _serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="run one role of the control plane (or all of them)")
-    serve.add_argument("--role", choices=["api", "edge", "controller", "all"], required=True)
+    serve.add_argument(
+        "--role", choices=["api", "edge", "controller", "mirror", "reaper", "all"], required=True
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (edge, api)")
     serve.add_argument("--port", type=int, help=f"port (edge {DEFAULT_EDGE_PORT}, api {DEFAULT_API_PORT})")
     serve.add_argument("--api-port", type=int, help="with --role all: the API's loopback port")
@@ -323,6 +369,13 @@ def _serve_parser(commands: Any) -> None:
     serve.add_argument("--gpu", action="store_true", help="the cluster has GPUs")
     serve.add_argument("--memory-capture", action="store_true", help="memory capture is available")
     serve.add_argument("--workspaces", action="store_true", help="the workspace layer is deployed")
+    serve.add_argument(
+        "--no-read-through",
+        action="store_true",
+        help="api: answer reads from the records alone (a status mirror is deployed)",
+    )
+    serve.add_argument("--resync-seconds", type=float, default=60.0, help="mirror: full pass interval")
+    serve.add_argument("--reap-interval", type=float, default=30.0, help="reaper: seconds between sweeps")
     serve.add_argument("--oidc-issuer", help="edge: accept bearer tokens from this issuer")
     serve.add_argument("--oidc-audience", help="edge: the audience tokens must name")
     serve.add_argument("--oidc-org-claim", default="org", help="edge: the claim naming the organization")
@@ -416,6 +469,7 @@ def parser() -> argparse.ArgumentParser:
     openapi.add_argument("--output", "-o", help="write it to this file")
     openapi.set_defaults(handler=cmd_openapi)
     _sandbox_parser(commands)
+    add_admin_parser(commands)
     return top
 
 

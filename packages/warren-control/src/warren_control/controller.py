@@ -477,6 +477,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--image-pull-policy", choices=["Always", "IfNotPresent", "Never"], default="IfNotPresent"
     )
     parser.add_argument("--resync-seconds", type=float, default=ControllerOptions.resync_seconds)
+    parser.add_argument(
+        "--workers", type=int, default=ControllerOptions.workers, help="threads for the handlers"
+    )
     parser.add_argument("--liveness", help="serve liveness here, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--log-format", choices=["json", "plain"], default="json")
     parser.add_argument("--verbose", action="store_true")
@@ -490,6 +493,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             runtime_class=args.runtime_class, image_pull_policy=cast(PullPolicy, args.image_pull_policy)
         ),
         resync_seconds=args.resync_seconds,
+        workers=args.workers,
     )
     run(args.namespace, args.kubeconfig, options=options, liveness_endpoint=args.liveness)
 

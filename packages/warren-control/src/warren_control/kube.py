@@ -5,7 +5,7 @@ upgrade touches only this file."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -78,16 +78,74 @@ class Kube:
         result: Obj = json.loads(text) if text else {}
         return result
 
+    def list_with_version(self, path: str, query: Mapping[str, str] | None = None) -> tuple[list[Obj], str]:
+        """A collection and the resourceVersion to watch it from."""
+        result = self.request("GET", path, query=query)
+        items: list[Obj] = result.get("items") or []
+        return items, str((result.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch(
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        timeout_s: int = 300,
+    ) -> Iterator[Obj]:
+        """Watch events ({"type", "object"}) of a collection from a resourceVersion, as they
+        come, until the server ends the watch (after about timeout_s). Bookmarks are
+        included (they carry the version to resume from); an ERROR event (410 Gone: the
+        version is too old) is yielded for the caller to relist."""
+        params = {
+            **(query or {}),
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+        }
+        serialized = self.api.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=list(params.items()),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*serialized, _request_timeout=(5.0, timeout_s + 30.0))
+        if not HTTPStatus.OK <= response.status < HTTPStatus.MULTIPLE_CHOICES:
+            data: bytes | None = response.read()  # type: ignore[no-untyped-call]
+            raise ApiException.from_response(http_resp=response, body=(data or b"").decode(), data=None)
+        raw = response.response
+        pending = b""
+        try:
+            for chunk in raw.stream(amt=None, decode_content=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            raw.release_conn()
+
+    # Nodes
+
+    def read_node(self, name: str) -> Obj | None:
+        try:
+            return self.request("GET", f"/api/v1/nodes/{quote(name)}")
+        except ApiException as exc:
+            if exc.status == HTTPStatus.NOT_FOUND:
+                return None
+            raise
+
     # Pods
 
     @staticmethod
-    def _pods(namespace: str, name: str | None = None) -> str:
+    def pods_path(namespace: str, name: str | None = None) -> str:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods"
         return f"{path}/{quote(name)}" if name else path
 
     def read_pod(self, namespace: str, name: str) -> Obj | None:
         try:
-            return self.request("GET", self._pods(namespace, name))
+            return self.request("GET", self.pods_path(namespace, name))
         except ApiException as exc:
             if exc.status == HTTPStatus.NOT_FOUND:
                 return None
@@ -97,7 +155,7 @@ class Kube:
         query = {"fieldManager": FIELD_MANAGER}
         if dry_run:
             query["dryRun"] = "All"
-        return self.request("POST", self._pods(namespace), body=body, query=query)
+        return self.request("POST", self.pods_path(namespace), body=body, query=query)
 
     def delete_pod(self, namespace: str, name: str, *, uid: str | None = None) -> bool:
         """Delete a pod (gracefully, by its own grace period); False if it was gone. With
@@ -106,7 +164,7 @@ class Kube:
         if uid:
             options["preconditions"] = {"uid": uid}
         try:
-            self.request("DELETE", self._pods(namespace, name), body=options)
+            self.request("DELETE", self.pods_path(namespace, name), body=options)
         except ApiException as exc:
             if exc.status in {HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT}:  # gone, or another incarnation
                 return False
@@ -114,36 +172,39 @@ class Kube:
         return True
 
     def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
-        result = self.request("GET", self._pods(namespace), query={"labelSelector": label_selector})
+        result = self.request("GET", self.pods_path(namespace), query={"labelSelector": label_selector})
         items: list[Obj] = result.get("items") or []
         return items
 
     # Sandboxes
 
     @staticmethod
-    def _sandboxes(namespace: str, name: str | None = None) -> str:
+    def sandboxes_path(namespace: str, name: str | None = None) -> str:
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
         return f"{path}/{quote(name)}" if name else path
 
     def read_sandbox(self, namespace: str, name: str) -> Obj | None:
         try:
-            return self.request("GET", self._sandboxes(namespace, name))
+            return self.request("GET", self.sandboxes_path(namespace, name))
         except ApiException as exc:
             if exc.status == HTTPStatus.NOT_FOUND:
                 return None
             raise
 
     def create_sandbox(self, namespace: str, body: Obj) -> Obj:
-        return self.request("POST", self._sandboxes(namespace), body=body)
+        return self.request("POST", self.sandboxes_path(namespace), body=body)
 
     def patch_sandbox(self, namespace: str, name: str, patch: Obj) -> Obj:
         return self.request(
-            "PATCH", self._sandboxes(namespace, name), body=patch, content_type="application/merge-patch+json"
+            "PATCH",
+            self.sandboxes_path(namespace, name),
+            body=patch,
+            content_type="application/merge-patch+json",
         )
 
     def delete_sandbox(self, namespace: str, name: str) -> bool:
         try:
-            self.request("DELETE", self._sandboxes(namespace, name))
+            self.request("DELETE", self.sandboxes_path(namespace, name))
         except ApiException as exc:
             if exc.status == HTTPStatus.NOT_FOUND:
                 return False
@@ -151,7 +212,7 @@ class Kube:
         return True
 
     def list_sandboxes(self, namespace: str) -> list[Obj]:
-        items: list[Obj] = self.request("GET", self._sandboxes(namespace)).get("items") or []
+        items: list[Obj] = self.request("GET", self.sandboxes_path(namespace)).get("items") or []
         return items
 
     def patch_sandbox_status(self, namespace: str, name: str, status: Obj) -> Obj:
@@ -159,7 +220,7 @@ class Kube:
         other writers keep there (lastActivityTime) survives."""
         return self.request(
             "PATCH",
-            self._sandboxes(namespace, name) + "/status",
+            self.sandboxes_path(namespace, name) + "/status",
             body={"status": status},
             query={"fieldManager": FIELD_MANAGER},
             content_type="application/merge-patch+json",

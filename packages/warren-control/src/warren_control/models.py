@@ -8,7 +8,7 @@ checks that the two agree.
 from __future__ import annotations
 
 import enum
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -176,8 +176,20 @@ class Sandbox(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     last_activity_at: Mapped[datetime] = mapped_column(default=utcnow)
-    expires_at: Mapped[datetime] = mapped_column()  # hard lifetime, fixed at creation
+    # When the reaper acts on an idle sandbox: last activity plus its idle timeout; None
+    # while no idle timer runs (a persistent sandbox the reaper has stopped).
+    idle_deadline_at: Mapped[datetime | None] = mapped_column(index=True)
+    expires_at: Mapped[datetime] = mapped_column(index=True)  # hard lifetime, fixed at creation
+    # Where it runs, in words that name no node: {"zone": ..., "region": ...} as the
+    # node's topology labels say, when they say anything.
+    location: Mapped[dict[str, Any] | None] = mapped_column()
     deleted_at: Mapped[datetime | None] = mapped_column()
+
+    def touch(self, now: datetime | None = None) -> None:
+        """Activity: restart the idle timer (the hard lifetime stays)."""
+        self.last_activity_at = now or utcnow()
+        idle = int(self.spec.get("idle_timeout_s") or DEFAULT_IDLE_TIMEOUT_S)
+        self.idle_deadline_at = self.last_activity_at + timedelta(seconds=idle)
 
     def public(self) -> dict[str, Any]:
         """The record as a client may see it: everything but the internal object name."""
@@ -194,7 +206,9 @@ class Sandbox(Base):
             "created_at": iso(self.created_at),
             "started_at": iso(self.started_at),
             "last_activity_at": iso(self.last_activity_at),
+            "idle_deadline_at": iso(self.idle_deadline_at),
             "expires_at": iso(self.expires_at),
+            "location": self.location,
             "deleted_at": iso(self.deleted_at),
         }
 

@@ -310,6 +310,9 @@ def create_sandbox(
         if in_use + requested > limit:
             raise QuotaExceeded(quota, limit, in_use, requested)
     now = now or utcnow()
+    # A request may shorten the organization's timers, never lengthen them.
+    lifetime = min(int(spec.get("max_lifetime_s") or org.max_lifetime_s), org.max_lifetime_s)
+    idle = min(int(spec.get("idle_timeout_s") or org.idle_timeout_s), org.idle_timeout_s)
     sandbox = Sandbox(
         id=ids.new_sandbox_id(),
         org_id=org_id,
@@ -321,8 +324,10 @@ def create_sandbox(
         workspace_id=workspace_id,
         created_at=now,
         last_activity_at=now,
-        # Persistent sandboxes outlive the idle timer, never the hard lifetime.
-        expires_at=now + timedelta(seconds=org.max_lifetime_s),
+        idle_deadline_at=now + timedelta(seconds=idle),
+        # Persistent sandboxes outlive the idle timer (the reaper stops them instead of
+        # deleting them), never the hard lifetime.
+        expires_at=now + timedelta(seconds=lifetime),
     )
     session.add(sandbox)
     session.flush()
@@ -436,7 +441,7 @@ def keep_alive(
     """Restart the idle timer (the hard lifetime stays)."""
     sandbox = get_sandbox(session, org_id, sandbox_id)
     if sandbox is not None:
-        sandbox.last_activity_at = now or utcnow()
+        sandbox.touch(now)
         session.flush()
     return sandbox
 

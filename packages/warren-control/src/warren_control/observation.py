@@ -1,0 +1,122 @@
+"""What the cluster shows for a sandbox, in the client's words.
+
+One function, `converge`, brings a product record to what its Sandbox resource (and, where
+the status mirror has it, the pod) shows: phase, the Ready condition with every cluster name
+scrubbed out, and a location hint coarse enough to name no node. The API's read-through and
+the status mirror both use it, so the two can never describe the same state differently.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from warren_control import store
+from warren_control.controller import observe, status_for
+from warren_control.kube import Obj
+from warren_control.models import Sandbox, SandboxPhase, utcnow
+from warren_control.podspec import CONTAINER, pod_name
+
+# A record whose resource is missing this long after creation was never (or is no longer)
+# in the cluster: a crash between the two writes, or a resource deleted behind our back.
+MISSING_GRACE = timedelta(seconds=60)
+# The node labels a location hint may repeat: topology, never identity.
+LOCATION_LABELS = {"zone": "topology.kubernetes.io/zone", "region": "topology.kubernetes.io/region"}
+
+# Names the cluster uses that must never reach a client: pods (sbx-<uid>), Sandbox objects
+# (sandbox-<random>), uids and container ids.
+_POD_NAME = re.compile(r"\bsbx-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+_OBJECT_NAME = re.compile(r"\bsandbox-[a-z2-7]{26}\b")
+_UID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+_CONTAINER_ID = re.compile(r"\b[0-9a-f]{64}\b")
+
+
+def scrub(text: str, *names: str) -> str:
+    """`text` without the cluster's names for a sandbox: its object, pod, namespace,
+    container and node names, uids and container ids."""
+    for name in sorted((n for n in names if n), key=len, reverse=True):
+        text = re.sub(rf"\bpods?\s+\"?{re.escape(name)}\"?", "the pod", text)
+        text = text.replace(name, "the sandbox")
+    text = _POD_NAME.sub("the pod", text)
+    text = _OBJECT_NAME.sub("the sandbox", text)
+    text = re.sub(rf"\bcontainer\s+\"?{re.escape(CONTAINER)}\"?", "the container", text)
+    text = _CONTAINER_ID.sub("<id>", text)
+    return _UID.sub("<id>", text)
+
+
+def location_of(node: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The topology a node's labels state, or None when they state none."""
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    hint = {key: str(labels[label]) for key, label in LOCATION_LABELS.items() if labels.get(label)}
+    return hint or None
+
+
+def with_pod(sandbox: Obj, pod: Obj | None) -> Obj:
+    """The Sandbox as it will read once the controller has seen `pod`: its status computed by
+    the controller's own pure function, so the mirror need not wait for the controller."""
+    return {**sandbox, "status": status_for(sandbox, observe(sandbox, pod))}
+
+
+def converge(
+    session: Session,
+    record: Sandbox,
+    obj: Obj | None,
+    namespace: str,
+    *,
+    location: dict[str, str] | None = None,
+) -> bool:
+    """Bring the record's phase and conditions to what the Sandbox resource's status says,
+    in the client's words; True if the record changed."""
+    if record.phase is SandboxPhase.DELETED:
+        return False
+    if obj is None:
+        if record.phase is SandboxPhase.TERMINATING:
+            store.set_phase(session, record, SandboxPhase.DELETED)
+            return True
+        if record.phase is not SandboxPhase.FAILED and utcnow() - record.created_at > MISSING_GRACE:
+            condition = {
+                "type": "Ready",
+                "status": "False",
+                "reason": "ResourceMissing",
+                "message": "the cluster holds nothing for this sandbox",
+                "last_transition_time": utcnow().isoformat(),
+            }
+            store.set_phase(session, record, SandboxPhase.FAILED, conditions=[condition])
+            return True
+        return False
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    uid = str(meta.get("uid") or "")
+    names = (record.object_name, pod_name(uid) if uid else "", uid, namespace)
+    conditions = [
+        {
+            "type": str(c.get("type", "")),
+            "status": str(c.get("status", "")),
+            "reason": scrub(str(c.get("reason") or ""), *names),
+            "message": scrub(str(c.get("message") or ""), *names),
+            "last_transition_time": c.get("lastTransitionTime"),
+        }
+        for c in status.get("conditions") or []
+        if isinstance(c, dict)
+    ]
+    observed = status.get("phase")
+    if meta.get("deletionTimestamp"):
+        # Being deleted, whatever the status still says. (The controller also reports
+        # Terminating while a stopped sandbox's pod goes away: that one passes.)
+        phase = SandboxPhase.TERMINATING
+    elif observed in {p.value for p in SandboxPhase} and observed != SandboxPhase.DELETED.value:
+        phase = SandboxPhase(observed)
+    else:
+        phase = record.phase
+    changed = False
+    if phase is not record.phase or (conditions and conditions != record.conditions):
+        store.set_phase(session, record, phase, conditions=conditions or None)
+        changed = True
+    if location is not None and location != record.location:
+        record.location = location
+        changed = True
+    return changed

@@ -1,0 +1,144 @@
+"""The reaper: sandboxes nobody uses any more go away.
+
+- Past its hard lifetime (`expires_at`, fixed at creation: the organization's maximum, 7 days
+  by default, or less on request) a sandbox is deleted, persistent or not.
+- Past its idle deadline (last activity plus its idle timeout, 24 hours by default; exec,
+  files, keep-alive and start are activity) a sandbox is deleted, unless it is persistent:
+  then it is stopped instead (its pod goes, its workspace stays) and its idle timer pauses
+  until someone starts it again. An abandoned persistent sandbox still dies at its lifetime.
+
+Each action goes to the cluster first and to the record second, and both are idempotent: a
+reaper that crashes in between finds the same sandbox due on its next sweep and finishes.
+Several reapers may run; they only repeat each other's idempotent calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from warren_control import store
+from warren_control.api import Cluster, ClusterError
+from warren_control.models import Sandbox, SandboxPhase, utcnow
+
+log = logging.getLogger(__name__)
+
+Action = Literal["delete", "stop"]
+Reason = Literal["lifetime", "idle"]
+
+
+@dataclass(frozen=True)
+class ReaperOptions:
+    interval_s: float = 30.0
+    batch: int = 100
+
+
+@dataclass(frozen=True)
+class Due:
+    sandbox_id: str
+    object_name: str
+    action: Action
+    reason: Reason
+
+
+def verdict(record: Sandbox, now: datetime) -> tuple[Action, Reason] | None:
+    """What the reaper does to this sandbox now, if anything."""
+    if record.phase in {SandboxPhase.DELETED, SandboxPhase.TERMINATING}:
+        return None
+    if record.expires_at <= now:
+        return "delete", "lifetime"
+    if record.idle_deadline_at is not None and record.idle_deadline_at <= now:
+        return ("stop" if record.spec.get("persistent") else "delete"), "idle"
+    return None
+
+
+_MESSAGES = {
+    ("delete", "lifetime"): "deleted by the reaper: the sandbox reached its maximum lifetime",
+    ("delete", "idle"): "deleted by the reaper: the sandbox was idle past its idle timeout",
+    ("stop", "idle"): "stopped by the reaper: idle past its idle timeout (persistent: the workspace stays)",
+}
+
+
+class Reaper:
+    def __init__(
+        self, sessions: sessionmaker[Session], cluster: Cluster, options: ReaperOptions | None = None
+    ) -> None:
+        self.sessions = sessions
+        self.cluster = cluster
+        self.options = options or ReaperOptions()
+        self.reaped: list[Due] = []  # what this reaper did, oldest first (tests, logs)
+
+    def due(self, now: datetime) -> list[Due]:
+        with self.sessions() as session:
+            records = session.scalars(
+                select(Sandbox)
+                .where(
+                    Sandbox.phase.not_in([SandboxPhase.DELETED, SandboxPhase.TERMINATING]),
+                    or_(Sandbox.expires_at <= now, Sandbox.idle_deadline_at <= now),
+                )
+                .order_by(Sandbox.expires_at)
+                .limit(self.options.batch)
+            ).all()
+            found = []
+            for record in records:
+                decided = verdict(record, now)
+                if decided is not None:
+                    found.append(Due(record.id, record.object_name, *decided))
+            return found
+
+    def reap(self, due: Due, now: datetime) -> bool:
+        """Carry out one verdict; False if the cluster could not be reached (next sweep)."""
+        try:
+            if due.action == "delete":
+                self.cluster.delete(due.object_name)
+            elif self.cluster.patch(due.object_name, {"spec": {"stopped": True}}) is None:
+                log.info("%s has no resource to stop; the mirror retires its record", due.sandbox_id)
+        except ClusterError as exc:
+            log.warning("reaping %s failed, retrying next sweep: %s", due.sandbox_id, exc)
+            return False
+        with self.sessions.begin() as session:
+            record = session.get(Sandbox, due.sandbox_id)
+            if record is None or verdict(record, now) != (due.action, due.reason):
+                return True  # kept alive or deleted meanwhile: the cluster call was harmless
+            condition = {
+                "type": "Reaped",
+                "status": "True",
+                "reason": "MaxLifetime" if due.reason == "lifetime" else "IdleTimeout",
+                "message": _MESSAGES[(due.action, due.reason)],
+                "last_transition_time": now.isoformat(),
+            }
+            others = [c for c in record.conditions or [] if c.get("type") != "Reaped"]
+            if due.action == "delete":
+                store.set_phase(session, record, SandboxPhase.TERMINATING, conditions=[*others, condition])
+            else:
+                record.spec = {**record.spec, "stopped": True}
+                record.idle_deadline_at = None  # paused until a start
+                record.conditions = [*others, condition]
+        log.info("reaped %s: %s (%s)", due.sandbox_id, due.action, due.reason)
+        self.reaped.append(due)
+        return True
+
+    def sweep(self, now: datetime | None = None) -> int:
+        """Reap everything due; how many were reaped."""
+        now = now or utcnow()
+        done = 0
+        while True:
+            batch = self.due(now)
+            results = [self.reap(due, now) for due in batch]
+            done += sum(results)
+            if len(batch) < self.options.batch or not all(results):
+                return done
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.sweep()
+            except Exception:  # the database away, say: try again next interval
+                log.exception("the reaper's sweep failed")
+            stop.wait(self.options.interval_s)
