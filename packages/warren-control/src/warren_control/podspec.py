@@ -42,6 +42,9 @@ WORKSPACE_SOURCES = frozenset({"csi", "persistentVolumeClaim", "ephemeral"})
 
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 
+BLOCKD_DRIVER = "blockd.warren.dev"
+DEFAULT_WORKSPACE_SIZE = "10Gi"
+
 
 class SandboxSpecError(ValueError):
     """The Sandbox cannot become a pod; the message names the field and what to do."""
@@ -211,6 +214,23 @@ def pod_for(
         },
         "spec": pod_spec,
     }
+
+
+def blockd_volume(sandbox: Mapping[str, Any]) -> Obj | None:
+    """The sandbox's workspace as an inline volume of the blockd CSI driver: the node's
+    blockd makes it (new, or a fork of `forkOf` by manifest) on first publish, and
+    restores it from object storage on any node after that. None when the Sandbox names
+    no workspace."""
+    workspace = (sandbox.get("spec") or {}).get("workspace") or {}
+    if not workspace.get("id"):
+        return None
+    attributes = {
+        "workspace": str(workspace["id"]),
+        "size": str(workspace.get("size") or DEFAULT_WORKSPACE_SIZE),
+    }
+    if workspace.get("forkOf"):
+        attributes["forkOf"] = str(workspace["forkOf"])
+    return {"csi": {"driver": BLOCKD_DRIVER, "volumeAttributes": attributes}}
 
 
 def controller_uid(pod: Mapping[str, Any]) -> str | None:
