@@ -132,14 +132,14 @@ def _serve_in_thread(app: Any, host: str, port: int) -> Any:
 
 
 def _run_controller(args: argparse.Namespace) -> None:
-    try:
-        from warren_control import controller
-    except ImportError as exc:
-        raise SystemExit(f"this build has no controller: {exc}") from exc
-    run: Callable[..., None] | None = getattr(controller, "run", None)
-    if run is None:
-        raise SystemExit("this build's controller module has no run()")
-    run(args.watch_namespace or [args.sandbox_namespace], args.kubeconfig)
+    from warren_control import controller
+    from warren_control.podspec import PodOptions, blockd_volume
+
+    options = controller.ControllerOptions(
+        pod=PodOptions(image_pull_policy=args.image_pull_policy),
+        workspace=blockd_volume if args.workspaces else controller.no_workspace,
+    )
+    controller.run(args.watch_namespace or [args.sandbox_namespace], args.kubeconfig, options=options)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -368,7 +368,17 @@ def _serve_parser(commands: Any) -> None:
     )
     serve.add_argument("--gpu", action="store_true", help="the cluster has GPUs")
     serve.add_argument("--memory-capture", action="store_true", help="memory capture is available")
-    serve.add_argument("--workspaces", action="store_true", help="the workspace layer is deployed")
+    serve.add_argument(
+        "--workspaces",
+        action="store_true",
+        help="the workspace layer is deployed: the API allows workspaces, the controller mounts them",
+    )
+    serve.add_argument(
+        "--image-pull-policy",
+        choices=["Always", "IfNotPresent", "Never"],
+        default="IfNotPresent",
+        help="controller: the sandbox pods' image pull policy",
+    )
     serve.add_argument(
         "--no-read-through",
         action="store_true",

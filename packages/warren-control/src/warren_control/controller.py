@@ -36,9 +36,11 @@ from warren_control.podspec import (
     PLURAL,
     SPEC_HASH_ANNOTATION,
     VERSION,
+    WORKSPACE_LABEL,
     PodOptions,
     PullPolicy,
     SandboxSpecError,
+    blockd_volume,
     controller_uid,
     pod_for,
     pod_name,
@@ -265,7 +267,10 @@ class Reconciler:
         uid = str(sandbox["metadata"]["uid"])
         try:
             body = pod_for(
-                sandbox, options=self.options.pod, workspace_volume=self.options.workspace(sandbox)
+                sandbox,
+                options=self.options.pod,
+                workspace_volume=self.options.workspace(sandbox),
+                node=self._parent_node(sandbox),
             )
         except SandboxSpecError as exc:
             return Observation("Failed", False, "InvalidSpec", str(exc))
@@ -288,6 +293,20 @@ class Reconciler:
             raise
         log.info("created pod %s for %s/%s", body["metadata"]["name"], namespace, sandbox["metadata"]["name"])
         return pod
+
+    def _parent_node(self, sandbox: Obj) -> str | None:
+        """Where the workspace a new sandbox forks is mounted now, if anywhere: the child
+        goes there, so its fork is taken by the blockd that holds every parent write."""
+        workspace = (sandbox.get("spec") or {}).get("workspace") or {}
+        source = workspace.get("forkOf")
+        if not source or self.options.workspace is no_workspace:
+            return None
+        namespace = sandbox["metadata"]["namespace"]
+        for pod in self.kube.list_pods(namespace, f"{WORKSPACE_LABEL}={source}"):
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node and not _terminating(pod):
+                return str(node)
+        return None
 
     @staticmethod
     def _not_ours(name: str) -> Observation:
@@ -480,6 +499,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--workers", type=int, default=ControllerOptions.workers, help="threads for the handlers"
     )
+    parser.add_argument(
+        "--workspaces",
+        action="store_true",
+        help="give every sandbox its workspace through the blockd CSI driver (the node runs it)",
+    )
     parser.add_argument("--liveness", help="serve liveness here, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--log-format", choices=["json", "plain"], default="json")
     parser.add_argument("--verbose", action="store_true")
@@ -494,6 +518,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ),
         resync_seconds=args.resync_seconds,
         workers=args.workers,
+        workspace=blockd_volume if args.workspaces else no_workspace,
     )
     run(args.namespace, args.kubeconfig, options=options, liveness_endpoint=args.liveness)
 

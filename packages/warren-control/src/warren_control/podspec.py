@@ -25,6 +25,8 @@ KIND = "Sandbox"
 SANDBOX_LABEL = "warren.dev/sandbox"
 SANDBOX_UID_LABEL = "warren.dev/sandbox-uid"
 SANDBOX_NAME_LABEL = "warren.dev/sandbox-name"
+# The workspace a pod mounts: forks find their parent's pod (and node) by it.
+WORKSPACE_LABEL = "warren.dev/workspace"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "warren-control"
 SPEC_HASH_ANNOTATION = "warren.dev/spec-hash"
@@ -119,6 +121,9 @@ def labels_for(sandbox: Mapping[str, Any]) -> dict[str, str]:
         SANDBOX_UID_LABEL: meta["uid"],
         MANAGED_BY_LABEL: MANAGED_BY,
     }
+    workspace = (sandbox.get("spec") or {}).get("workspace") or {}
+    if workspace.get("id") and len(str(workspace["id"])) <= LABEL_VALUE_MAX:
+        labels[WORKSPACE_LABEL] = str(workspace["id"])
     # Object names may be longer than a label value; the uid label is the reliable key.
     if len(meta["name"]) <= LABEL_VALUE_MAX:
         labels[SANDBOX_NAME_LABEL] = meta["name"]
@@ -140,12 +145,15 @@ def pod_for(
     *,
     options: PodOptions = PodOptions(),  # frozen, so one shared default is safe
     workspace_volume: Mapping[str, Any] | None = None,
+    node: str | None = None,
 ) -> Obj:
     """The pod manifest for a Sandbox object as the API server returns it.
 
     `workspace_volume` is a pod volume source for the sandbox's workspace (the blockd CSI
-    driver, once it exists); it is mounted at /workspace. Without one the pod has no
-    workspace volume at all rather than a stand-in that would lose data.
+    driver); it is mounted at /workspace. Without one the pod has no workspace volume at
+    all rather than a stand-in that would lose data. `node` pins the pod to one node: a
+    fork's child runs where its parent's workspace is mounted, so the fork sees every
+    write the parent made and the child starts on warm chunks.
     """
     meta = sandbox.get("metadata") or {}
     spec = sandbox.get("spec") or {}
@@ -197,6 +205,11 @@ def pod_for(
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
     }
+    if node is not None:
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        pod_spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+        }
     if workspace_volume is not None:
         pod_spec["volumes"] = [_workspace(workspace_volume)]
         container["volumeMounts"] = [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT}]
