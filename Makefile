@@ -46,9 +46,12 @@ unit: venv
 	$(BIN)/pytest tests/unit
 
 # Each package has its own environment: boto3's and kubernetes' pins cannot share one.
-$(BLOCKD)/.venv/.installed: $(BLOCKD)/pyproject.toml
+# blockd's CSI stubs are generated here (git-ignored) from the .proto files of the Go
+# modules the pinned Kubernetes uses.
+$(BLOCKD)/.venv/.installed: $(BLOCKD)/pyproject.toml tools/blockd-protos.sh tools/kubernetes/go.mod
 	$(PYTHON) -m venv $(BLOCKD)/.venv
-	$(BLOCKD)/.venv/bin/pip install --quiet -e '$(BLOCKD)[test]'
+	$(BLOCKD)/.venv/bin/pip install --quiet -e '$(BLOCKD)[test,codegen]'
+	tools/blockd-protos.sh $(BLOCKD)/.venv/bin/python
 	touch $@
 
 blockd: $(BLOCKD)/.venv/.installed

@@ -1,4 +1,5 @@
-"""`warren-blockd`: run the daemon (`serve`), talk to it, or compare image chunkings (`dedup`)."""
+"""`warren-blockd`: run the daemon (`serve`) or its CSI node plugin (`csi`), talk to the daemon, or
+compare image chunkings (`dedup`)."""
 
 from __future__ import annotations
 
@@ -111,6 +112,28 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def csi(args: argparse.Namespace) -> int:
+    from warren_blockd import logs
+
+    logs.configure(args.log_level)
+    from warren_blockd.csi.server import PluginConfig, endpoint_path, run
+
+    try:
+        endpoint = endpoint_path(args.endpoint)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return run(
+        PluginConfig(
+            endpoint=endpoint,
+            registration_dir=Path(args.registration_dir).resolve(),
+            node_id=args.node_id,
+            blockd_socket=args.blockd_socket or args.socket,
+            plugin_dir=Path(args.kubelet_plugin_dir).resolve(),  # the daemon mounts there: absolute
+            replicate_wait=args.replicate_wait,
+        )
+    )
+
+
 def dedup(args: argparse.Namespace) -> int:
     from warren_blockd.dedup import report
 
@@ -191,6 +214,30 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-addr", default="127.0.0.1")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=serve)
+
+    k = sub.add_parser("csi", help="the CSI node plugin (driver blockd.warren.dev) for kubelet")
+    k.add_argument("--endpoint", required=True, help="the CSI socket, unix:///PATH (kubelet calls it)")
+    k.add_argument(
+        "--registration-dir",
+        default="/var/lib/kubelet/plugins_registry",
+        help="kubelet's plugin registration directory (its plugins_registry)",
+    )
+    k.add_argument("--node-id", required=True, help="this node's name, as kubelet knows it")
+    k.add_argument("--blockd-socket", help="the daemon's API socket (default: --socket)")
+    k.add_argument(
+        "--kubelet-plugin-dir",
+        default="/var/lib/kubelet/plugins/blockd.warren.dev",
+        help="the plugin's own directory: staging mounts and what is published where",
+    )
+    k.add_argument(
+        "--replicate-wait",
+        type=float,
+        default=45.0,
+        metavar="SECONDS",
+        help="how long an unpublish waits for a replicated receipt before going on with a local one",
+    )
+    k.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    k.set_defaults(func=csi)
 
     d = sub.add_parser("dedup", help="share of B's bytes already stored for A, file-aligned vs fixed chunks")
     d.add_argument("a")

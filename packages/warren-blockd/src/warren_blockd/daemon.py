@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import subprocess
 import threading
@@ -27,12 +26,12 @@ from warren_blockd.cache import ChunkCache
 from warren_blockd.chunker import chunk_image
 from warren_blockd.device import Device
 from warren_blockd.fusefs import DeviceFS
+from warren_blockd.ids import WORKSPACE_ID_RULE, valid_workspace_id
 from warren_blockd.manifest import BLOCK_SIZE, Manifest
 from warren_blockd.replicator import Receipt, Replicator
 from warren_blockd.workspace import Workspace, WorkspaceExistsError
 
 log = logging.getLogger("warren_blockd.daemon")
-ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MOUNT_OPTIONS = "nosuid,nodev,noinit_itable"  # holes read as zeros: no need to zero inode tables
 
 
@@ -45,11 +44,8 @@ class BlockdError(Exception):
 
 
 def check_id(workspace_id: str) -> str:
-    if not ID.match(workspace_id):
-        raise BlockdError(
-            "invalid_id",
-            f"workspace id {workspace_id!r} is not valid: use 1-63 lowercase letters, digits and '-'",
-        )
+    if not valid_workspace_id(workspace_id):
+        raise BlockdError("invalid_id", f"workspace id {workspace_id!r} is invalid: use {WORKSPACE_ID_RULE}")
     return workspace_id
 
 

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -143,3 +144,55 @@ class BlockdProcess:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+class CsiPluginProcess:
+    """A real `warren-blockd csi` process for one daemon: its plugin directory and log under
+    `root`; its sockets in a short directory of their own (a socket path has at most 107
+    bytes, which a test's temporary directory can exceed)."""
+
+    def __init__(self, root: Path, blockd_socket: Path, node_id: str = "test-node", *extra: str) -> None:
+        self.root = root
+        self.sockets = Path(tempfile.mkdtemp(prefix="blockd-csi-"))
+        self.endpoint = self.sockets / "csi" / "csi.sock"
+        self.registration_dir = self.sockets / "plugins_registry"
+        self.registration_socket = self.registration_dir / "blockd.warren.dev-reg.sock"
+        self.plugin_dir = root / "plugin"
+        self.log_path = root / "csi.log"
+        root.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            str(Path(sys.executable).parent / "warren-blockd"),
+            "csi",
+            "--endpoint",
+            f"unix://{self.endpoint}",
+            "--registration-dir",
+            str(self.registration_dir),
+            "--node-id",
+            node_id,
+            "--blockd-socket",
+            str(blockd_socket),
+            "--kubelet-plugin-dir",
+            str(self.plugin_dir),
+            *extra,
+        ]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not (self.endpoint.exists() and self.registration_socket.exists()):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"warren-blockd csi did not start:\n{self.log()}")
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.sockets, ignore_errors=True)

@@ -1,0 +1,125 @@
+"""The plugin process: CSI Identity and Node on the endpoint, registration on
+`<registration dir>/blockd.warren.dev-reg.sock`, until a signal or a failed registration.
+
+A registration kubelet reports as failed ends the process with status 1 (as kubelet's own
+node-driver-registrar does): whatever supervises it starts it again, and kubelet retries
+when the new registration socket appears.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import grpc
+
+from warren_blockd import __version__
+from warren_blockd.client import Client
+from warren_blockd.csi import DRIVER_NAME
+from warren_blockd.csi.proto import csi_pb2_grpc, pluginregistration_pb2_grpc
+from warren_blockd.csi.publisher import Publisher
+from warren_blockd.csi.services import IdentityService, NodeService, RegistrationService
+
+log = logging.getLogger("warren_blockd.csi")
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    endpoint: Path
+    registration_dir: Path
+    node_id: str
+    blockd_socket: str
+    plugin_dir: Path
+    replicate_wait: float = 45.0
+    workers: int = 8
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registration_dir / f"{DRIVER_NAME}-reg.sock"
+
+
+def endpoint_path(endpoint: str) -> Path:
+    """`unix:///csi/csi.sock` (the CSI convention) or a plain absolute path."""
+    path = endpoint.removeprefix("unix://") if endpoint.startswith("unix://") else endpoint
+    if not path.startswith("/"):
+        raise ValueError(f"--endpoint {endpoint!r} is not a unix socket: use unix:///ABSOLUTE/PATH")
+    return Path(path)
+
+
+SUN_PATH_MAX = 107  # a unix socket's path fits in sockaddr_un.sun_path (108 bytes with NUL)
+
+
+def _listen(server: grpc.Server, path: Path) -> None:
+    if len(str(path).encode()) > SUN_PATH_MAX:
+        raise SystemExit(f"socket path {path} is longer than {SUN_PATH_MAX} bytes: choose a shorter one")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a socket left by an earlier run
+    old = os.umask(0o077)  # both sockets are root's: whoever reaches them mounts workspaces
+    try:
+        server.add_insecure_port(f"unix:{path}")
+    finally:
+        os.umask(old)
+
+
+def run(config: PluginConfig) -> int:
+    # An unpublish waits for replication at the flush and again at the detach.
+    client = Client(config.blockd_socket, timeout=2 * config.replicate_wait + 60)
+    publisher = Publisher(client, config.plugin_dir, config.replicate_wait)
+    stop = threading.Event()
+    failure: list[str] = []
+
+    def on_registration(registered: bool, error: str) -> None:
+        fields = {"registered": registered, "error": error or None}
+        if registered:
+            log.info("kubelet registered the plugin", extra={"fields": fields})
+            return
+        log.error("kubelet refused the registration; exiting to be restarted", extra={"fields": fields})
+        failure.append(error or "registration failed")
+        stop.set()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+
+    csi = grpc.server(ThreadPoolExecutor(config.workers, thread_name_prefix="csi"))
+    csi_pb2_grpc.add_IdentityServicer_to_server(IdentityService(publisher), csi)
+    csi_pb2_grpc.add_NodeServicer_to_server(NodeService(publisher, config.node_id), csi)
+    _listen(csi, config.endpoint)
+    registration = grpc.server(ThreadPoolExecutor(2, thread_name_prefix="registration"))
+    pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(
+        RegistrationService(config.endpoint, on_registration), registration
+    )
+    csi.start()
+    # The registration socket last: kubelet calls the endpoint as soon as it sees it.
+    _listen(registration, config.registration_socket)
+    registration.start()
+    log.info(
+        "serving",
+        extra={
+            "fields": {
+                "driver": DRIVER_NAME,
+                "version": __version__,
+                "endpoint": str(config.endpoint),
+                "registration": str(config.registration_socket),
+                "node_id": config.node_id,
+                "blockd_socket": config.blockd_socket,
+                "plugin_dir": str(config.plugin_dir),
+            }
+        },
+    )
+    stop.wait()
+    # Socket gone first: kubelet deregisters the plugin and stops calling it.
+    config.registration_socket.unlink(missing_ok=True)
+    registration.stop(grace=1).wait()
+    csi.stop(grace=10).wait()
+    config.endpoint.unlink(missing_ok=True)
+    log.info("stopped", extra={"fields": {"failure": failure[0] if failure else None}})
+    return 1 if failure else 0

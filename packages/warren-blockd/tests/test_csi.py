@@ -1,0 +1,373 @@
+"""The CSI node plugin end to end: real gRPC over unix sockets (the generated stubs as the
+client, as kubelet would call), a real warren-blockd daemon, a real SeaweedFS, real mounts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from conftest import Blockd, Weed, make_bucket
+from warren_blockd.csi.proto import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from warren_blockd.testing import CsiPluginProcess
+
+pytestmark = pytest.mark.integration
+
+Mode = csi_pb2.VolumeCapability.AccessMode
+
+
+def capability(mode: int = Mode.SINGLE_NODE_WRITER, *, block: bool = False) -> csi_pb2.VolumeCapability:
+    access = Mode(mode=mode)  # type: ignore[arg-type]
+    if block:
+        return csi_pb2.VolumeCapability(block=csi_pb2.VolumeCapability.BlockVolume(), access_mode=access)
+    return csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume(), access_mode=access)
+
+
+def pod_context(pod: str = "pod-1", **attributes: str) -> dict[str, str]:
+    """What kubelet sends for an inline volume of a driver with podInfoOnMount."""
+    return {
+        "csi.storage.k8s.io/ephemeral": "true",
+        "csi.storage.k8s.io/pod.name": pod,
+        "csi.storage.k8s.io/pod.namespace": "sandboxes",
+        "csi.storage.k8s.io/pod.uid": f"uid-{pod}",
+        "csi.storage.k8s.io/serviceAccount.name": "default",
+        **attributes,
+    }
+
+
+def mount_options(target: Path) -> set[str] | None:
+    """The per-mount options of the mount on top at `target`, read from the mount table."""
+    found = None
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        if fields[4] == str(target):
+            found = set(fields[5].split(","))
+    return found
+
+
+def mounts_at(target: Path) -> int:
+    return sum(
+        1
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split(" ")[4] == str(target)
+    )
+
+
+def events(log: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+
+
+@dataclass
+class Csi:
+    plugin: CsiPluginProcess
+    identity: csi_pb2_grpc.IdentityStub
+    node: csi_pb2_grpc.NodeStub
+    registration: pluginregistration_pb2_grpc.RegistrationStub
+    pods: Path
+
+    def target(self, volume_id: str) -> Path:
+        """Kubelet's layout: it makes the volume's directory, the plugin makes `mount`."""
+        volume_dir = self.pods / volume_id
+        volume_dir.mkdir(parents=True, exist_ok=True)
+        return volume_dir / "mount"
+
+    def publish(
+        self,
+        volume_id: str,
+        context: dict[str, str],
+        *,
+        readonly: bool = False,
+        cap: csi_pb2.VolumeCapability | None = None,
+    ) -> Path:
+        target = self.target(volume_id)
+        self.node.NodePublishVolume(
+            csi_pb2.NodePublishVolumeRequest(
+                volume_id=volume_id,
+                target_path=str(target),
+                volume_capability=cap or capability(),
+                readonly=readonly,
+                volume_context=context,
+            ),
+            timeout=120,
+        )
+        return target
+
+    def unpublish(self, volume_id: str) -> None:
+        self.node.NodeUnpublishVolume(
+            csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=str(self.target(volume_id))),
+            timeout=120,
+        )
+
+
+@pytest.fixture
+def node(blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str) -> Blockd:
+    return blockd_factory(f"s3://{bucket}", seaweedfs)
+
+
+def start_plugin(root: Path, node: Blockd, replicate_wait: str = "60") -> tuple[Csi, list[grpc.Channel]]:
+    plugin = CsiPluginProcess(root, node.socket, "test-node", "--replicate-wait", replicate_wait)
+    csi_channel = grpc.insecure_channel(f"unix:{plugin.endpoint}")
+    registration_channel = grpc.insecure_channel(f"unix:{plugin.registration_socket}")
+    csi = Csi(
+        plugin,
+        csi_pb2_grpc.IdentityStub(csi_channel),
+        csi_pb2_grpc.NodeStub(csi_channel),
+        pluginregistration_pb2_grpc.RegistrationStub(registration_channel),
+        root / "pods",
+    )
+    return csi, [csi_channel, registration_channel]
+
+
+def stop_plugin(csi: Csi, channels: list[grpc.Channel]) -> None:
+    for channel in channels:
+        channel.close()
+    csi.plugin.stop()
+    # Binds a failed test left behind go before the daemons stop (their fixture is next).
+    mounts = subprocess.run(
+        ["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    for target in sorted((m for m in mounts if m.startswith(str(csi.pods))), reverse=True):
+        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+
+
+@pytest.fixture
+def csi(node: Blockd, tmp_path: Path) -> Iterator[Csi]:
+    plugin, channels = start_plugin(tmp_path / "csi", node)
+    yield plugin
+    stop_plugin(plugin, channels)
+
+
+def rpc_error(call: Callable[[], object]) -> grpc.Call:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    error = caught.value
+    assert isinstance(error, grpc.Call)
+    return error
+
+
+# -- registration and identity ---------------------------------------------------------
+
+
+def test_kubelet_registration_and_identity(csi: Csi) -> None:
+    info = csi.registration.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=10)
+    assert info.type == "CSIPlugin"
+    assert info.name == "blockd.warren.dev"
+    assert info.endpoint == str(csi.plugin.endpoint)
+    assert "1.0.0" in info.supported_versions
+    csi.registration.NotifyRegistrationStatus(
+        pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=10
+    )
+    assert csi.plugin.proc.poll() is None
+
+    plugin_info = csi.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=10)
+    assert plugin_info.name == "blockd.warren.dev" and plugin_info.vendor_version
+    assert csi.identity.Probe(csi_pb2.ProbeRequest(), timeout=10).ready.value is True
+    assert csi.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest(), timeout=10).node_id == "test-node"
+    assert (
+        list(csi.node.NodeGetCapabilities(csi_pb2.NodeGetCapabilitiesRequest(), timeout=10).capabilities)
+        == []
+    )
+    staged = rpc_error(lambda: csi.node.NodeStageVolume(csi_pb2.NodeStageVolumeRequest(), timeout=10))
+    assert staged.code() == grpc.StatusCode.UNIMPLEMENTED
+    # Both sockets are root's alone: whoever reaches them can mount workspaces.
+    assert csi.plugin.endpoint.stat().st_mode & 0o077 == 0
+    assert csi.plugin.registration_socket.stat().st_mode & 0o077 == 0
+
+
+def test_a_refused_registration_ends_the_plugin_and_probe_needs_the_daemon(
+    csi: Csi, node: Blockd, tmp_path: Path
+) -> None:
+    other, channels = start_plugin(tmp_path / "other-csi", node)
+    try:
+        other.registration.NotifyRegistrationStatus(
+            pluginregistration_pb2.RegistrationStatus(plugin_registered=False, error="version mismatch"),
+            timeout=10,
+        )
+        assert other.plugin.proc.wait(timeout=30) == 1
+        assert not other.plugin.registration_socket.exists()
+        refused = [e for e in events(other.plugin.log()) if e["event"].startswith("kubelet refused")]
+        assert refused and refused[0]["error"] == "version mismatch"
+    finally:
+        for channel in channels:
+            channel.close()
+        other.plugin.stop()
+    node.stop()
+    probe = rpc_error(lambda: csi.identity.Probe(csi_pb2.ProbeRequest(), timeout=10))
+    assert probe.code() == grpc.StatusCode.UNAVAILABLE
+    assert "is `warren-blockd serve` running" in (probe.details() or "")
+
+
+# -- publish and unpublish -------------------------------------------------------------
+
+
+def test_publish_new_workspace_then_unpublish_replicates_and_restores_on_an_empty_node(
+    csi: Csi, node: Blockd, blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str
+) -> None:
+    target = csi.publish("csi-vol-1", pod_context(workspace="ws_first", size="64Mi"))
+    options = mount_options(target)
+    assert options is not None and {"nosuid", "nodev", "rw"} <= options
+    (target / "hello.txt").write_text("hello from the pod\n")
+    published = [e for e in events(csi.plugin.log()) if e["event"] == "published"]
+    assert published[-1]["how"] == "created" and published[-1]["pod"] == "sandboxes/pod-1"
+
+    csi.unpublish("csi-vol-1")
+    assert mount_options(target) is None and not target.exists()
+    done = [e for e in events(csi.plugin.log()) if e["event"] == "unpublished"]
+    assert done[-1]["workspace"] == "ws_first" and done[-1]["receipt"] == "replicated"
+    flushed = [e for e in events(csi.plugin.log()) if e["event"] == "flushed"]
+    assert flushed[-1]["receipt"] == "replicated"
+    assert node.client.stats()["workspaces"] == {}  # detached: durable in storage, not held here
+
+    # The daemon restarts with an empty node disk: the workspace comes back from storage.
+    node.stop()
+    shutil.rmtree(node.state / "node")
+    blockd_factory(f"s3://{bucket}", seaweedfs, name="node")
+    again = csi.publish("csi-vol-2", pod_context(pod="pod-2", workspace="ws_first", size="64Mi"))
+    assert (again / "hello.txt").read_text() == "hello from the pod\n"
+    published = [e for e in events(csi.plugin.log()) if e["event"] == "published"]
+    assert published[-1]["how"] == "restored"
+    csi.unpublish("csi-vol-2")
+
+
+def test_unpublish_during_a_storage_outage_goes_on_with_a_local_receipt_and_the_spool_replays(
+    blockd_factory: Callable[..., Blockd], tmp_path: Path
+) -> None:
+    weed = Weed(tmp_path / "weed")
+    (tmp_path / "weed").mkdir()
+    weed.start()
+    csi: Csi | None = None
+    channels: list[grpc.Channel] = []
+    try:
+        node = blockd_factory(f"s3://{make_bucket(weed.endpoint)}", weed.endpoint)
+        csi, channels = start_plugin(tmp_path / "csi", node, replicate_wait="2")
+        target = csi.publish("csi-vol-1", pod_context(workspace="ws-outage", size="64Mi"))
+        # Warm the node cache: cold reads during an outage fail; only writes are under test.
+        device = node.client.stats()["workspaces"]["ws-outage"]["device"]
+        subprocess.run(["dd", f"if={device}", "of=/dev/null", "bs=1M"], check=True, capture_output=True)
+        weed.stop()
+        (target / "late.txt").write_text("written while storage was down\n")
+        csi.unpublish("csi-vol-1")  # bounded: the pod can go although storage is away
+        assert mount_options(target) is None
+        warned = [e for e in events(csi.plugin.log()) if e["event"].startswith("not replicated within 2s")]
+        assert warned and warned[0]["receipt"] == "local"
+        done = [e for e in events(csi.plugin.log()) if e["event"] == "unpublished"]
+        assert done[-1]["receipt"] == "local"
+
+        weed.start()  # the daemon's spool drains; the next publish waits for it (kubelet retries)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                again = csi.publish("csi-vol-2", pod_context(pod="pod-2", workspace="ws-outage"))
+                break
+            except grpc.RpcError as exc:
+                assert isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+                assert time.monotonic() < deadline, exc
+                time.sleep(1)
+        assert (again / "late.txt").read_text() == "written while storage was down\n"
+        csi.unpublish("csi-vol-2")
+    finally:
+        if csi is not None:
+            stop_plugin(csi, channels)
+        weed.stop()
+
+
+def test_fork_of_a_published_workspace_sees_its_files_and_diverges(csi: Csi) -> None:
+    a = csi.publish("csi-vol-a", pod_context(pod="pod-a", workspace="ws-a", size="64Mi"))
+    (a / "note.txt").write_text("original\n")
+    # A stays published: the daemon freezes it while its writes reach storage.
+    b = csi.publish("csi-vol-b", pod_context(pod="pod-b", workspace="ws-b", size="64Mi", forkOf="ws-a"))
+    assert (b / "note.txt").read_text() == "original\n"
+    (b / "note.txt").write_text("changed in b\n")
+    (b / "only-in-b").write_text("b\n")
+    assert (a / "note.txt").read_text() == "original\n"
+    assert not (a / "only-in-b").exists()
+    (a / "note.txt").write_text("changed in a\n")
+    assert (b / "note.txt").read_text() == "changed in b\n"
+    published = [e for e in events(csi.plugin.log()) if e["event"] == "published"]
+    assert published[-1]["workspace"] == "ws-b" and published[-1]["how"] == "forked"
+    csi.unpublish("csi-vol-b")
+    csi.unpublish("csi-vol-a")
+
+
+def test_invalid_requests_are_refused_with_the_problem_named(csi: Csi) -> None:
+    cases = [
+        (pod_context(size="64Mi"), "workspace is missing"),
+        (pod_context(workspace="Not.Valid", size="64Mi"), "is not a workspace id"),
+        (pod_context(workspace="ws-x", size="10GB"), "is not a size"),
+        (pod_context(workspace="ws-x", size="1Mi"), "between 16Mi and 16Ti"),
+        (pod_context(workspace="ws-x", forkOf="ws-y", template="ws-z"), "exclude each other"),
+        (pod_context(workspace="ws-x", forkof="ws-y"), "unknown volume attribute(s) forkof"),
+        ({"workspace": "ws-x", "size": "64Mi"}, "inline ephemeral volumes only"),
+        (pod_context(workspace="ws-x"), "does not exist yet and the volume gives no size"),
+    ]
+    for number, (context, problem) in enumerate(cases):
+        error = rpc_error(lambda c=context, n=number: csi.publish(f"csi-bad-{n}", c))  # type: ignore[misc]
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (context, error.details())
+        assert problem in (error.details() or ""), (problem, error.details())
+        assert mount_options(csi.target(f"csi-bad-{number}")) is None
+
+    missing = rpc_error(
+        lambda: csi.publish("csi-bad-fork", pod_context(workspace="ws-x", forkOf="ws-nowhere"))
+    )
+    assert missing.code() == grpc.StatusCode.NOT_FOUND
+    assert "ws-nowhere does not exist" in (missing.details() or "")
+    block = rpc_error(
+        lambda: csi.publish(
+            "csi-bad-block", pod_context(workspace="ws-x", size="64Mi"), cap=capability(block=True)
+        )
+    )
+    assert block.code() == grpc.StatusCode.FAILED_PRECONDITION and "volumeMode Filesystem" in (
+        block.details() or ""
+    )
+    multi = rpc_error(
+        lambda: csi.publish(
+            "csi-bad-multi",
+            pod_context(workspace="ws-x", size="64Mi"),
+            cap=capability(Mode.MULTI_NODE_MULTI_WRITER),
+        )
+    )
+    assert multi.code() == grpc.StatusCode.FAILED_PRECONDITION and "one writer" in (multi.details() or "")
+    # Nothing refused left a record behind.
+    assert list((csi.plugin.plugin_dir / "volumes").glob("*.json")) == []
+
+
+def test_publish_and_unpublish_are_idempotent_and_a_workspace_has_one_writer(csi: Csi) -> None:
+    context = pod_context(workspace="ws-once", size="64Mi")
+    target = csi.publish("csi-vol-1", context)
+    (target / "f").write_text("x\n")
+    assert csi.publish("csi-vol-1", context) == target  # a repeat: OK, no second mount
+    assert mounts_at(target) == 1
+    changed = rpc_error(lambda: csi.publish("csi-vol-1", context, readonly=True))
+    assert changed.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "read-write, not ws-once read-only" in (changed.details() or "")
+
+    second_pod = rpc_error(lambda: csi.publish("csi-vol-2", pod_context(pod="pod-2", workspace="ws-once")))
+    assert second_pod.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = second_pod.details() or ""
+    assert "already published on this node for pod sandboxes/pod-1" in details and "one writer" in details
+    assert mount_options(csi.target("csi-vol-2")) is None
+
+    csi.unpublish("csi-vol-1")
+    csi.unpublish("csi-vol-1")  # again: nothing published, still OK
+    csi.unpublish("csi-never")  # never published: OK
+    assert mounts_at(target) == 0
+
+    # Read-only: the bind is ro as well as nosuid,nodev; the workspace itself is unchanged.
+    ro = csi.publish("csi-vol-3", pod_context(pod="pod-3", workspace="ws-once"), readonly=True)
+    options = mount_options(ro)
+    assert options is not None and {"ro", "nosuid", "nodev"} <= options
+    assert (ro / "f").read_text() == "x\n"
+    with pytest.raises(OSError, match="Read-only file system"):
+        (ro / "g").write_text("no\n")
+    csi.unpublish("csi-vol-3")
+    deadline = time.monotonic() + 5
+    while mounts_at(ro) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert mounts_at(ro) == 0
