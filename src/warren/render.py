@@ -21,6 +21,7 @@ TEMPLATES = (
     "warren.dev_sandboxes.yaml",
     "rbac.yaml.j2",
     "runtimeclass.yaml.j2",
+    "csidriver-blockd.yaml.j2",
     "admission-sandbox-pods.yaml.j2",
     "admission-floor-guard.yaml.j2",
     "networkpolicy-egress-floor.yaml.j2",
