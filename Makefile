@@ -10,23 +10,31 @@ export WARREN_CACHE ?= $(HOME)/.cache/warren
 BLOCKD := packages/warren-blockd
 CONTROL := packages/warren-control
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(VENV)/.control-installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# `warren control-plane` and `warren sandbox` run the control plane's own code, so this
+# environment holds warren-control too (its pins agree with the warren package's).
+$(VENV)/.control-installed: $(VENV)/.installed $(CONTROL)/pyproject.toml
+	$(BIN)/pip install --quiet -e '$(CONTROL)'
 	touch $@
 
 ## Build (or reuse from $(WARREN_CACHE)) etcd, Kubernetes and kwok from the pins in tools/.
 binaries:
 	tools/build-cluster-binaries.sh
 
-## The main job: the local cluster with the isolation floor applied.
+## The main job: the local cluster, the isolation floor applied, the control plane on top.
+## It ends by printing the API endpoint and where its first API key is.
 deploy: venv
 	bin_dir=$$(tools/build-cluster-binaries.sh); \
 	$(BIN)/warren cluster up --bin-dir "$$bin_dir"; \
 	$(BIN)/warren apply; \
 	echo "kubeconfig: $$($(BIN)/warren cluster kubeconfig)"; \
-	echo "kubectl:    $$bin_dir/kubectl"
+	echo "kubectl:    $$bin_dir/kubectl"; \
+	$(BIN)/warren control-plane up
 
 down: venv
 	$(BIN)/warren cluster down
@@ -62,9 +70,10 @@ $(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml
 	$(CONTROL)/.venv/bin/pip install --quiet -e '$(CONTROL)[test]'
 	touch $@
 
-# The controller's tests against a live cluster run in the cluster tier (tests/cluster/run.sh).
+# The controller's tests against a live cluster run in the cluster tier (tests/cluster/run.sh);
+# its scale test with kwok nodes runs on its own ($(CONTROL)/tests/run-scale.sh).
 control: $(CONTROL)/.venv/.installed
-	cd $(CONTROL) && .venv/bin/mypy && .venv/bin/pytest -m "not cluster"
+	cd $(CONTROL) && .venv/bin/mypy && .venv/bin/pytest -m "not cluster and not scale"
 
 cluster-test: venv $(CONTROL)/.venv/.installed
 	tests/cluster/run.sh

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -13,6 +14,9 @@ from rich.table import Table
 from warren import paths
 from warren.cluster.local import BIN_DIR_RECORD, ClusterError, LocalCluster
 from warren.config import ConfigError, WarrenConfig, load_config
+
+if TYPE_CHECKING:
+    from warren.controlplane.local import LocalControlPlane
 
 console = Console(stderr=True)
 
@@ -150,6 +154,84 @@ def cluster_status(config_path: Path | None) -> None:
 def cluster_kubeconfig() -> None:
     """Print the path of the local cluster's admin kubeconfig."""
     click.echo(paths.admin_kubeconfig())
+
+
+# -- control plane ---------------------------------------------------------------------
+
+
+@main.group("control-plane")
+def control_plane() -> None:
+    """warren-control on the local cluster (after `cluster up` and `apply`)."""
+
+
+def _control_plane(config_path: Path | None) -> LocalControlPlane:
+    from warren.controlplane.local import LocalControlPlane
+
+    return LocalControlPlane(_config(config_path), paths.cluster_state_dir(), progress=_say)
+
+
+@control_plane.command("up")
+@config_option
+def control_plane_up(config_path: Path | None) -> None:
+    """Start (or converge) the control plane; the first run also makes an organization and an API key."""
+    local = _control_plane(config_path)
+    try:
+        issued = local.up()
+    except ClusterError as exc:
+        raise click.ClickException(str(exc)) from None
+    key_file = local.layout.api_key
+    # The key is shown on a terminal the one time it is made, never into a pipe or a log.
+    if issued and sys.stdout.isatty():
+        click.echo(f"new API key (shown only now; kept in {key_file}): {issued}")
+    click.echo(f"API endpoint: {local.url}")
+    click.echo(f"API key:      in {key_file} (readable by its owner only)")
+    click.echo(f"logs:         {local.log}")
+    click.echo(f"use it:       export WARREN_URL={local.url} WARREN_API_KEY=$(cat {key_file})")
+    click.echo("              (`warren sandbox ...` finds both by itself)")
+
+
+@control_plane.command("status")
+@config_option
+def control_plane_status(config_path: Path | None) -> None:
+    """The control plane's process and health; exits 1 unless it is healthy."""
+    local = _control_plane(config_path)
+    row = local.status()
+    click.echo(f"{row.name}\tpid {row.pid or '-'}\t{'healthy' if row.healthy else 'down'}\t{row.detail[:60]}")
+    click.echo(f"endpoint {local.url}\tkey {local.layout.api_key}\tlog {row.log}")
+    if not row.healthy:
+        sys.exit(1)
+
+
+@control_plane.command("down")
+@config_option
+def control_plane_down(config_path: Path | None) -> None:
+    """Stop the control plane only (`warren cluster down` stops it too); its records and keys stay."""
+    stopped = _control_plane(config_path).down()
+    _say("stopped warren-control" if stopped else "warren-control was not running")
+
+
+# Everything after `sandbox`, --help included, goes to warren-control's own parser.
+PASS_THROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False, "help_option_names": []}
+
+
+@main.command(context_settings=PASS_THROUGH)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def sandbox(args: tuple[str, ...]) -> None:
+    """Sandboxes through the API: create, get, list, delete, fork, exec, stop, start, read-file,
+    write-file, keepalive (`warren sandbox --help`). Talks to --url / WARREN_URL with --api-key /
+    WARREN_API_KEY, by default the control plane deployed here."""
+    try:
+        from warren_control import cli as control_cli
+    except ImportError:
+        raise click.ClickException("warren-control is not installed here: run `make venv`") from None
+    from warren.controlplane.local import local_api_key, local_url
+
+    # The same commands as `warren-control sandbox`; only the fallbacks are added here.
+    state = paths.cluster_state_dir()
+    for variable, fallback in (("WARREN_URL", local_url), ("WARREN_API_KEY", local_api_key)):
+        if not os.environ.get(variable) and (found := fallback(state)):
+            os.environ[variable] = found
+    sys.exit(control_cli.main(["sandbox", *args]))
 
 
 # -- render / apply ----------------------------------------------------------------------

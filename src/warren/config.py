@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # Destinations a sandbox pod must never reach (ARCHITECTURE.md, "Egress deny floor").
 DEFAULT_BLOCKED_V4 = (
@@ -72,6 +72,22 @@ class NodeConfig(_Model):
         return value
 
 
+class ControlPlaneConfig(_Model):
+    """warren-control as a process of the local deployment (`warren control-plane up`)."""
+
+    edge_port: Port = 8080  # the API endpoint clients use, on loopback
+    api_port: Port = 8081  # the API behind the edge, loopback only
+    # The workspace layer (warren-blockd's CSI driver) is deployed: only then may sandboxes
+    # fork, stop or ask for a workspace size; without it the API refuses those by name.
+    workspaces: bool = False
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> ControlPlaneConfig:
+        if self.edge_port == self.api_port:
+            raise ValueError(f"edge_port and api_port must differ (both are {self.edge_port})")
+        return self
+
+
 class ClusterConfig(_Model):
     """The local single-node cluster that `warren cluster up` runs."""
 
@@ -107,6 +123,7 @@ class ClusterConfig(_Model):
         return value
 
     node: NodeConfig = Field(default_factory=NodeConfig)
+    control_plane: ControlPlaneConfig = Field(default_factory=ControlPlaneConfig)
 
     @property
     def service_ip(self) -> str:

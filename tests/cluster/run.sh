@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cluster tier: build (or reuse) the pinned binaries, bring a throw-away local cluster
-# up on its own ports and state directory, apply the floor, run the conformance suite and
-# the lifecycle tests, and take the cluster down again, also when something fails.
+# up on its own ports and state directory, apply the floor, deploy the control plane, run
+# the conformance suite, the control plane's acceptance path and the lifecycle tests, and
+# take the cluster down again, also when something fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 venv=$PWD/.venv/bin
@@ -21,6 +22,8 @@ trap cleanup EXIT
 
 "$venv/warren" cluster up --config "$WARREN_TEST_CONFIG"
 "$venv/warren" apply --config "$WARREN_TEST_CONFIG"
+# The control plane as `make deploy` runs it (records, keys and process under $WARREN_HOME).
+"$venv/warren" control-plane up --config "$WARREN_TEST_CONFIG"
 # The node is this machine: start real gVisor pods and prove the egress floor against test
 # hosts made here in network namespaces.
 image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(busybox_image())')

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -171,10 +171,13 @@ controller.main(sys.argv[1:])
 class Controller:
     """The controller as a subprocess of the tests, logging to a file."""
 
-    def __init__(self, namespace: str, kubeconfig: Path, log_dir: Path) -> None:
+    def __init__(
+        self, namespace: str, kubeconfig: Path, log_dir: Path, extra_args: Sequence[str] = ()
+    ) -> None:
         self.namespace = namespace
         self.kubeconfig = kubeconfig
         self.log_dir = log_dir
+        self.extra_args = tuple(extra_args)  # after the defaults below, so they override them
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -192,6 +195,7 @@ class Controller:
             "10",
             "--log-format",
             "plain",
+            *self.extra_args,
         ]
         env = dict(os.environ)
         if crash_after_creates is None:

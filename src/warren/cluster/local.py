@@ -129,6 +129,58 @@ def probe(health: Health, timeout: float = 3.0) -> tuple[bool, str]:
         return False, str(reason)
 
 
+def ensure_running(
+    supervisor: Supervisor, component: Component, timeout: int, progress: Callable[[str], None]
+) -> None:
+    """Leave a component alone if it runs with the same command line and is healthy; else
+    (re)start it and wait until it is healthy. Also used for processes of the local
+    deployment that are not part of the cluster's plan (the control plane)."""
+    record = supervisor.running(component.name)
+    if record is not None and record.digest == component.spec.digest:
+        healthy, _ = probe(component.health)
+        if healthy:
+            progress(f"{component.name}: running (pid {record.pid})")
+            if component.after_healthy:
+                component.after_healthy()
+            return
+    binary = Path(shutil.which(component.spec.argv[0]) or component.spec.argv[0])
+    if not binary.is_file():
+        raise ClusterError(
+            f"{binary} is missing: build the cluster binaries with tools/build-cluster-binaries.sh "
+            "and pass the directory it prints with --bin-dir (or WARREN_BIN_DIR)"
+        )
+    if record is not None:
+        progress(f"{component.name}: restarting (configuration changed or unhealthy)")
+        supervisor.stop(component.name)
+    record = supervisor.start(component.spec)
+    progress(f"{component.name}: started (pid {record.pid}), waiting for health")
+    wait_healthy(supervisor, component, timeout, progress)
+
+
+def wait_healthy(
+    supervisor: Supervisor, component: Component, timeout: int, progress: Callable[[str], None]
+) -> None:
+    deadline = time.monotonic() + timeout
+    detail = ""
+    while time.monotonic() < deadline:
+        if supervisor.running(component.name) is None:
+            raise ClusterError(
+                f"{component.name} exited during start-up; last lines of "
+                f"{supervisor.log_path(component.name)}:\n{tail(supervisor.log_path(component.name))}"
+            )
+        healthy, detail = probe(component.health)
+        if healthy:
+            progress(f"{component.name}: healthy")
+            if component.after_healthy:
+                component.after_healthy()
+            return
+        time.sleep(0.5)
+    raise ClusterError(
+        f"{component.name} not healthy after {timeout}s "
+        f"({component.health.url}: {detail}); see {supervisor.log_path(component.name)}"
+    )
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -210,48 +262,7 @@ class LocalCluster:
             )
 
     def _ensure_running(self, component: Component) -> None:
-        sup = self.supervisor
-        record = sup.running(component.name)
-        if record is not None and record.digest == component.spec.digest:
-            healthy, _ = probe(component.health)
-            if healthy:
-                self.progress(f"{component.name}: running (pid {record.pid})")
-                if component.after_healthy:
-                    component.after_healthy()
-                return
-        binary = Path(shutil.which(component.spec.argv[0]) or component.spec.argv[0])
-        if not binary.is_file():
-            raise ClusterError(
-                f"{binary} is missing: build the cluster binaries with tools/build-cluster-binaries.sh "
-                "and pass the directory it prints with --bin-dir (or WARREN_BIN_DIR)"
-            )
-        if record is not None:
-            self.progress(f"{component.name}: restarting (configuration changed or unhealthy)")
-            sup.stop(component.name)
-        record = sup.start(component.spec)
-        self.progress(f"{component.name}: started (pid {record.pid}), waiting for health")
-        self._wait_healthy(component)
-
-    def _wait_healthy(self, component: Component) -> None:
-        deadline = time.monotonic() + self.config.ready_timeout_seconds
-        detail = ""
-        while time.monotonic() < deadline:
-            if self.supervisor.running(component.name) is None:
-                raise ClusterError(
-                    f"{component.name} exited during start-up; last lines of "
-                    f"{self.supervisor.log_path(component.name)}:\n{tail(self.supervisor.log_path(component.name))}"
-                )
-            healthy, detail = probe(component.health)
-            if healthy:
-                self.progress(f"{component.name}: healthy")
-                if component.after_healthy:
-                    component.after_healthy()
-                return
-            time.sleep(0.5)
-        raise ClusterError(
-            f"{component.name} not healthy after {self.config.ready_timeout_seconds}s "
-            f"({component.health.url}: {detail}); see {self.supervisor.log_path(component.name)}"
-        )
+        ensure_running(self.supervisor, component, self.config.ready_timeout_seconds, self.progress)
 
     # -- down -------------------------------------------------------------------------
 
@@ -264,10 +275,15 @@ class LocalCluster:
             names = [c.name for c in self._components(ctx)]
         except ClusterError:
             names = []
-        # Anything with a record counts, even a component no longer in the plan.
+        # Anything with a record counts, even a component no longer in the plan. Processes
+        # outside the plan (the control plane) use the cluster, so they stop before the node.
         run_dir = self.supervisor.run_dir
         recorded = sorted(p.stem for p in run_dir.glob("*.json")) if run_dir.is_dir() else []
-        names += [n for n in recorded if n not in names]
+        extras = [n for n in recorded if n not in names]
+        for name in extras:
+            if self.supervisor.stop(name):
+                stopped.append(name)
+                self.progress(f"{name}: stopped")
         for node in reversed(self.nodes):
             if ctx is not None:
                 stopped += node.teardown(ctx, wipe)

@@ -1,0 +1,1 @@
+"""The control plane (packages/warren-control) deployed on the local cluster."""

@@ -1,0 +1,191 @@
+"""The control plane deployed on the local cluster as `make deploy` deploys it (tests/cluster/run.sh
+runs `warren control-plane up` after `cluster up` and `apply`), and the issue's acceptance path
+through the `warren sandbox` CLI against it: create a sandbox, `echo hi` in it, fork it twice, read
+a file from a child, delete all three.
+
+Forking needs the workspace layer. While the deployment runs without it
+(`cluster.control_plane.workspaces: false`), the fork must be refused with exactly the API's named
+`unsupported_capability`; with it on, the same test forks two children, reads the parent's file
+from one, and deletes all three."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from warren.config import ControlPlaneConfig, load_config
+from warren.controlplane.local import PROCESS, layout
+
+pytestmark = pytest.mark.cluster
+
+WAIT = "400"  # seconds a CLI command waits for a phase: a cold gVisor start on a busy 2-core machine
+SMALL = ("--cpu-millis", "100", "--memory-mib", "128")
+FORK_REFUSED = (
+    "error: unsupported_capability: workspaces: a fork needs the workspace layer, "
+    "which this deployment does not have\n"
+)
+
+
+@pytest.fixture(scope="module")
+def env() -> dict[str, str]:
+    missing = [k for k in ("WARREN_HOME", "WARREN_BIN_DIR", "WARREN_TEST_CONFIG") if k not in os.environ]
+    if missing:
+        pytest.fail(f"run the cluster tier through tests/cluster/run.sh (missing {', '.join(missing)})")
+    # No URL or key from outside: `warren sandbox` must find the local deployment by itself.
+    return {k: v for k, v in os.environ.items() if k not in {"WARREN_URL", "WARREN_API_KEY"}}
+
+
+@pytest.fixture(scope="module")
+def settings(env: dict[str, str]) -> ControlPlaneConfig:
+    return load_config(Path(env["WARREN_TEST_CONFIG"])).cluster.control_plane
+
+
+@pytest.fixture(scope="module")
+def state(env: dict[str, str]) -> Path:
+    return Path(env["WARREN_HOME"]) / "cluster"
+
+
+def run(
+    env: dict[str, str], program: str, *args: str, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    cmd = [str(Path(sys.executable).parent / program), *args]
+    return subprocess.run(cmd, input=stdin, capture_output=True, env=env, check=False, timeout=900)
+
+
+def ok(result: subprocess.CompletedProcess[bytes]) -> str:
+    assert result.returncode == 0, f"{result.args}:\n{result.stdout!r}\n{result.stderr.decode()}"
+    return result.stdout.decode()
+
+
+def sandbox(
+    env: dict[str, str], *args: str, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return run(env, "warren", "sandbox", "--timeout", WAIT, *args, stdin=stdin)
+
+
+def read(env: dict[str, str], sandbox_id: str, path: str) -> bytes:
+    got = sandbox(env, "read-file", sandbox_id, path)
+    assert got.returncode == 0, got.stderr.decode()
+    return got.stdout
+
+
+def record_pid(state: Path) -> int:
+    return int(json.loads((state / "run" / f"{PROCESS}.json").read_text())["pid"])
+
+
+def test_deployed_once_and_up_again_changes_nothing(env: dict[str, str], state: Path) -> None:
+    files = layout(state)
+    config = env["WARREN_TEST_CONFIG"]
+    ok(run(env, "warren", "control-plane", "status", "--config", config))
+    key = files.api_key.read_text().strip()
+    assert key.startswith("wk_")
+    before = {p: p.stat().st_mtime_ns for p in (files.api_key, files.stamp_key, files.kubeconfig)}
+    pid = record_pid(state)
+
+    again = run(env, "warren", "control-plane", "up", "--config", config)
+    out = ok(again)
+    assert record_pid(state) == pid
+    assert f"{PROCESS}: running (pid {pid})" in again.stderr.decode()
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+    assert files.api_key.read_text().strip() == key
+    # Where the endpoint and key are, never the key itself (not a terminal: no echo of it).
+    assert "WARREN_URL=http://127.0.0.1:" in out and str(files.api_key) in out
+    assert key not in out + again.stderr.decode()
+    assert key not in (state / "logs" / f"{PROCESS}.log").read_text(errors="replace")
+
+    assert stat.S_IMODE(files.root.stat().st_mode) == 0o700
+    for secret in (files.api_key, files.stamp_key, files.kubeconfig):
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600, secret
+    # The control plane acts as its own ServiceAccount, not as the cluster's admin.
+    kubeconfig = yaml.safe_load(files.kubeconfig.read_text())
+    assert [set(u["user"]) for u in kubeconfig["users"]] == [{"token"}]
+
+
+def test_admin_commands_on_the_live_records(env: dict[str, str], state: Path) -> None:
+    database = ["--database-url", layout(state).database_url]
+    token = ok(run(env, "warren-control", "admin", "issue-key", "default", "tester", *database)).strip()
+    with_token = {**env, "WARREN_API_KEY": token}
+    ok(sandbox(with_token, "list"))
+    key_id = ok(run(env, "warren-control", "admin", "revoke-key", token, *database)).strip()
+    listed = ok(run(env, "warren-control", "admin", "list-keys", "--json", "--org", "default", *database))
+    rows = {row["key_id"]: row for row in map(json.loads, listed.splitlines())}
+    assert rows[key_id]["revoked_at"] and rows[key_id]["user"] == "tester"
+    refused = sandbox(with_token, "list")
+    assert refused.returncode == 1
+    assert refused.stderr.decode().startswith("error: unauthenticated:")
+
+
+@pytest.fixture
+def made(env: dict[str, str]) -> Iterator[list[str]]:
+    """Sandboxes a test made; whatever it did not delete itself is deleted afterwards."""
+    ids: list[str] = []
+    yield ids
+    for sandbox_id in ids:
+        sandbox(env, "delete", "--no-wait", sandbox_id)
+
+
+def test_acceptance_path_through_the_cli(
+    env: dict[str, str], settings: ControlPlaneConfig, made: list[str]
+) -> None:
+    from warren.node.images import busybox_image
+
+    started = time.monotonic()
+    parent = ok(sandbox(env, "create", *SMALL, busybox_image(), "--", "sleep", "86400")).strip()
+    made.append(parent)
+    assert parent.startswith("sbx_")
+    print(f"timing: create to Running through the CLI: {time.monotonic() - started:.1f} s")
+
+    hi = sandbox(env, "exec", parent, "--", "echo", "hi")
+    assert (hi.returncode, hi.stdout, hi.stderr) == (0, b"hi\n", b"")
+    assert sandbox(env, "exec", parent, "--", "sh", "-c", "exit 3").returncode == 3
+
+    # The workspace is what a fork carries; without one, /tmp stands in for the file checks.
+    path = "/workspace/note" if settings.workspaces else "/tmp/note"
+    note = b"written in the parent\n\x00\xff"
+    ok(sandbox(env, "write-file", parent, path, stdin=note))
+    assert read(env, parent, path) == note
+    assert parent in ok(sandbox(env, "list"))
+
+    forked = sandbox(env, "fork", "--count", "2", parent)
+    if not settings.workspaces:
+        assert (forked.returncode, forked.stdout, forked.stderr.decode()) == (1, b"", FORK_REFUSED)
+        assert len(ok(sandbox(env, "--json", "list")).splitlines()) == 1
+    else:
+        children = ok(forked).split()
+        made.extend(children)
+        assert len(children) == 2 and parent not in children
+        assert read(env, children[0], path) == note
+        assert ok(sandbox(env, "exec", children[1], "--", "echo", "hi")) == "hi\n"
+
+    for sandbox_id in list(made):
+        assert ok(sandbox(env, "delete", sandbox_id)).strip() == sandbox_id
+        made.remove(sandbox_id)
+        gone = sandbox(env, "get", sandbox_id)
+        assert gone.returncode == 1 and gone.stderr.decode().startswith("error: not_found:"), gone.stderr
+    assert ok(sandbox(env, "--json", "list")) == ""
+
+
+def test_an_image_the_node_lacks_is_never_pulled(env: dict[str, str], made: list[str]) -> None:
+    """The local node has no registry: the deployment's pods never pull, and say so."""
+    absent = "warren.invalid/no-such-image:0"
+    box = ok(sandbox(env, "create", "--no-wait", *SMALL, absent, "--", "sleep", "60")).strip()
+    made.append(box)
+    deadline = time.monotonic() + 180
+    while True:
+        seen = json.loads(ok(sandbox(env, "get", box)))
+        if "ErrImageNeverPull" in [c.get("reason") for c in seen["conditions"]]:
+            break
+        assert time.monotonic() < deadline, seen
+        time.sleep(1)
+    assert seen["phase"] == "Pending"
+    ok(sandbox(env, "delete", box))
+    made.remove(box)
