@@ -121,6 +121,10 @@ def test_sandbox_lifecycle_on_the_cluster(  # noqa: PLR0915 (one sandbox's whole
         org.client.run(box.id, ["sleep", "30"], timeout=2)
     assert slow.value.code == "timeout"
 
+    # The sandbox's own name for itself is not the pod's.
+    assert org.client.read_file(box.id, "/etc/hostname") == b"sandbox\n"
+    assert org.client.run(box.id, ["sh", "-c", "echo $HOSTNAME"]).stdout == b"sandbox\n"
+
     # Files, byte for byte, binary included.
     blob = os.urandom(300_000) + b"\x00\xff" * 10
     assert org.client.write_file(box.id, "/tmp/blob.bin", blob) == len(blob)

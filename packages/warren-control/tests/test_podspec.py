@@ -11,6 +11,7 @@ from warren_control.podspec import (
     SPEC_HASH_ANNOTATION,
     PodOptions,
     SandboxSpecError,
+    blockd_volume,
     controller_uid,
     pod_for,
     pod_name,
@@ -231,3 +232,30 @@ def test_pod_for_does_not_modify_the_sandbox() -> None:
     pod = pod_for(original)
     pod["spec"]["containers"][0]["command"].append("x")
     assert original == before
+
+
+def test_the_hostname_names_nothing_of_the_cluster() -> None:
+    obj = sandbox()
+    pod = pod_for(obj)
+    assert pod["spec"]["hostname"] == "sandbox"
+    assert obj["metadata"]["uid"] not in pod["spec"]["hostname"]
+
+
+def test_blockd_workspace_volume_and_fork_placement() -> None:
+    plain = sandbox()
+    assert blockd_volume(plain) is None
+    forked = sandbox(workspace={"id": "ws_child", "size": "1Gi", "forkOf": "ws_parent"})
+    volume = blockd_volume(forked)
+    assert volume == {
+        "csi": {
+            "driver": "blockd.warren.dev",
+            "volumeAttributes": {"workspace": "ws_child", "size": "1Gi", "forkOf": "ws_parent"},
+        }
+    }
+    pod = pod_for(forked, workspace_volume=volume, node="node-a")
+    assert pod["metadata"]["labels"]["warren.dev/workspace"] == "ws_child"
+    assert pod["spec"]["volumes"] == [{"name": "workspace", **volume}]
+    assert containers(pod)[0]["volumeMounts"] == [{"name": "workspace", "mountPath": "/workspace"}]
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["node-a"]
+    assert floor_violations(pod) == []

@@ -35,6 +35,7 @@ CONTAINER = "sandbox"
 WORKSPACE_VOLUME = "workspace"
 WORKSPACE_MOUNT = "/workspace"
 POD_NAME_PREFIX = "sbx-"
+SANDBOX_HOSTNAME = "sandbox"
 LABEL_VALUE_MAX = 63
 
 # Workspace volume sources that hold no host state: the blockd CSI driver (inline, and
@@ -194,6 +195,9 @@ def pod_for(
 
     pod_spec: Obj = {
         "runtimeClassName": options.runtime_class,
+        # Otherwise the pod's name is the hostname (/etc/hostname, $HOSTNAME), and a client
+        # must never learn the cluster's names for its sandbox.
+        "hostname": SANDBOX_HOSTNAME,
         "automountServiceAccountToken": False,
         # Service links would hand every sandbox the addresses of the namespace's services.
         "enableServiceLinks": False,
