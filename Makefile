@@ -26,14 +26,16 @@ $(VENV)/.control-installed: $(VENV)/.installed $(CONTROL)/pyproject.toml
 binaries:
 	tools/build-cluster-binaries.sh
 
-## The main job: the local cluster, the isolation floor applied, the control plane on top.
+## The main job: the local cluster, the isolation floor applied, the workspace layer
+## (SeaweedFS, warren-blockd, its CSI plugin) on the node, the control plane on top.
 ## It ends by printing the API endpoint and where its first API key is.
-deploy: venv
+deploy: venv $(BLOCKD)/.venv/.installed
 	bin_dir=$$(tools/build-cluster-binaries.sh); \
 	$(BIN)/warren cluster up --bin-dir "$$bin_dir"; \
 	$(BIN)/warren apply; \
 	echo "kubeconfig: $$($(BIN)/warren cluster kubeconfig)"; \
 	echo "kubectl:    $$bin_dir/kubectl"; \
+	$(BIN)/warren workspaces up; \
 	$(BIN)/warren control-plane up
 
 down: venv
@@ -75,7 +77,7 @@ $(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml
 control: $(CONTROL)/.venv/.installed
 	cd $(CONTROL) && .venv/bin/mypy && .venv/bin/pytest -m "not cluster and not scale"
 
-cluster-test: venv $(CONTROL)/.venv/.installed
+cluster-test: venv $(CONTROL)/.venv/.installed $(BLOCKD)/.venv/.installed
 	tests/cluster/run.sh
 
 ## Benchmarks write JSON to bench/results/ (ratios against a baseline from the same run).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ from warren.config import ConfigError, WarrenConfig, load_config
 
 if TYPE_CHECKING:
     from warren.controlplane.local import LocalControlPlane
+    from warren.workspaces.local import LocalWorkspaces
 
 console = Console(stderr=True)
 
@@ -208,6 +210,55 @@ def control_plane_down(config_path: Path | None) -> None:
     """Stop the control plane only (`warren cluster down` stops it too); its records and keys stay."""
     stopped = _control_plane(config_path).down()
     _say("stopped warren-control" if stopped else "warren-control was not running")
+
+
+@main.group("workspaces")
+def workspaces() -> None:
+    """The workspace layer on the local node: object store, warren-blockd, its CSI plugin."""
+
+
+def _workspaces(config_path: Path | None) -> tuple[LocalWorkspaces, str]:
+    from warren.workspaces.local import LocalWorkspaces
+
+    cfg = _config(config_path)
+    # The kubelet's node name: configured, else the host name (as node/provider.py has it).
+    node_name = cfg.cluster.node.name or socket.gethostname().lower().split(".")[0]
+    return LocalWorkspaces(cfg, paths.cluster_state_dir(), progress=_say), node_name
+
+
+@workspaces.command("up")
+@config_option
+def workspaces_up(config_path: Path | None) -> None:
+    """Start (or converge) SeaweedFS, warren-blockd and the CSI plugin on the local node."""
+    local, node_name = _workspaces(config_path)
+    try:
+        local.up(node_name)
+    except ClusterError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"workspaces: driver blockd.warren.dev on node {node_name}, objects at {local.s3_endpoint}")
+
+
+@workspaces.command("status")
+@config_option
+def workspaces_status(config_path: Path | None) -> None:
+    """The workspace layer's processes and health; exits 1 unless all are healthy."""
+    local, node_name = _workspaces(config_path)
+    rows = local.status(node_name)
+    for row in rows:
+        click.echo(
+            f"{row.name}\tpid {row.pid or '-'}\t{'healthy' if row.healthy else 'down'}\t{row.detail[:60]}"
+        )
+    if not all(row.healthy for row in rows):
+        sys.exit(1)
+
+
+@workspaces.command("down")
+@config_option
+def workspaces_down(config_path: Path | None) -> None:
+    """Stop the workspace layer (workspaces are flushed to the object store and stay there)."""
+    local, _ = _workspaces(config_path)
+    stopped = local.down()
+    _say(f"stopped {', '.join(stopped)}" if stopped else "the workspace layer was not running")
 
 
 # Everything after `sandbox`, --help included, goes to warren-control's own parser.

@@ -77,15 +77,43 @@ class ControlPlaneConfig(_Model):
 
     edge_port: Port = 8080  # the API endpoint clients use, on loopback
     api_port: Port = 8081  # the API behind the edge, loopback only
-    # The workspace layer (warren-blockd's CSI driver) is deployed: only then may sandboxes
-    # fork, stop or ask for a workspace size; without it the API refuses those by name.
-    workspaces: bool = False
+    # Whether sandboxes get workspaces (fork, stop, sizes); without them the API refuses
+    # those by name. Default: exactly when the local workspace layer runs.
+    workspaces: bool | None = None
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> ControlPlaneConfig:
         if self.edge_port == self.api_port:
             raise ValueError(f"edge_port and api_port must differ (both are {self.edge_port})")
         return self
+
+
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+class WorkspacesConfig(_Model):
+    """The workspace layer on the local node (`warren workspaces up`): SeaweedFS as the object
+    store, warren-blockd and its CSI node plugin, so every sandbox has a /workspace that
+    forks by manifest and survives its pod."""
+
+    enabled: bool = True
+    # SeaweedFS listens on loopback from here: master, volume, filer, S3, admin, WebDAV
+    # (base .. base+5), and each gRPC port 10000 above its HTTP port.
+    base_port: Annotated[int, Field(ge=1024, le=55529)] = 19000
+    bucket: str = "warren-workspaces"
+    # How long an unpublish (pod stop) waits for a `replicated` receipt.
+    replicate_wait_seconds: Annotated[float, Field(gt=0, le=110)] = 45.0
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, value: str) -> str:
+        if not BUCKET.match(value):
+            raise ValueError(f"{value!r} is not an S3 bucket name (3-63 of a-z, 0-9, '.', '-')")
+        return value
+
+    @property
+    def s3_port(self) -> int:
+        return self.base_port + 3
 
 
 class ClusterConfig(_Model):
@@ -124,6 +152,13 @@ class ClusterConfig(_Model):
 
     node: NodeConfig = Field(default_factory=NodeConfig)
     control_plane: ControlPlaneConfig = Field(default_factory=ControlPlaneConfig)
+    workspaces: WorkspacesConfig = Field(default_factory=WorkspacesConfig)
+
+    @property
+    def sandbox_workspaces(self) -> bool:
+        """Whether the control plane gives sandboxes workspaces."""
+        wanted = self.control_plane.workspaces
+        return self.workspaces.enabled if wanted is None else wanted
 
     @property
     def service_ip(self) -> str:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The cluster tier: build (or reuse) the pinned binaries, bring a throw-away local cluster
-# up on its own ports and state directory, apply the floor, deploy the control plane, run
+# up on its own ports and state directory, apply the floor, deploy the workspace layer and the
+# control plane, run
 # the conformance suite, the control plane's acceptance path and the lifecycle tests, and
 # take the cluster down again, also when something fails.
 set -euo pipefail
@@ -22,7 +23,9 @@ trap cleanup EXIT
 
 "$venv/warren" cluster up --config "$WARREN_TEST_CONFIG"
 "$venv/warren" apply --config "$WARREN_TEST_CONFIG"
-# The control plane as `make deploy` runs it (records, keys and process under $WARREN_HOME).
+# The workspace layer and the control plane as `make deploy` runs them (SeaweedFS, blockd and
+# its CSI plugin on the node; records, keys and process under $WARREN_HOME).
+"$venv/warren" workspaces up --config "$WARREN_TEST_CONFIG"
 "$venv/warren" control-plane up --config "$WARREN_TEST_CONFIG"
 # The node is this machine: start real gVisor pods and prove the egress floor against test
 # hosts made here in network namespaces.

@@ -3,10 +3,11 @@ runs `warren control-plane up` after `cluster up` and `apply`), and the issue's 
 through the `warren sandbox` CLI against it: create a sandbox, `echo hi` in it, fork it twice, read
 a file from a child, delete all three.
 
-Forking needs the workspace layer. While the deployment runs without it
-(`cluster.control_plane.workspaces: false`), the fork must be refused with exactly the API's named
-`unsupported_capability`; with it on, the same test forks two children, reads the parent's file
-from one, and deletes all three."""
+Forking needs the workspace layer (`warren workspaces up`, which run.sh runs too). With it, the
+parent writes a file in /workspace, is forked twice in one call and once more, every child sees
+the file, a change in one child shows in no other sandbox, and all four are deleted. A deployment
+without it (`cluster.workspaces.enabled: false`) must refuse the fork with exactly the API's named
+`unsupported_capability`."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from warren.config import ControlPlaneConfig, load_config
+from warren.config import ClusterConfig, load_config
 from warren.controlplane.local import PROCESS, layout
 
 pytestmark = pytest.mark.cluster
@@ -45,8 +46,8 @@ def env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def settings(env: dict[str, str]) -> ControlPlaneConfig:
-    return load_config(Path(env["WARREN_TEST_CONFIG"])).cluster.control_plane
+def settings(env: dict[str, str]) -> ClusterConfig:
+    return load_config(Path(env["WARREN_TEST_CONFIG"])).cluster
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +135,7 @@ def made(env: dict[str, str]) -> Iterator[list[str]]:
 
 
 def test_acceptance_path_through_the_cli(
-    env: dict[str, str], settings: ControlPlaneConfig, made: list[str]
+    env: dict[str, str], settings: ClusterConfig, made: list[str]
 ) -> None:
     from warren.node.images import busybox_image
 
@@ -149,22 +150,35 @@ def test_acceptance_path_through_the_cli(
     assert sandbox(env, "exec", parent, "--", "sh", "-c", "exit 3").returncode == 3
 
     # The workspace is what a fork carries; without one, /tmp stands in for the file checks.
-    path = "/workspace/note" if settings.workspaces else "/tmp/note"
+    workspaces = settings.sandbox_workspaces
+    path = "/workspace/note" if workspaces else "/tmp/note"
     note = b"written in the parent\n\x00\xff"
     ok(sandbox(env, "write-file", parent, path, stdin=note))
     assert read(env, parent, path) == note
     assert parent in ok(sandbox(env, "list"))
 
+    started = time.monotonic()
     forked = sandbox(env, "fork", "--count", "2", parent)
-    if not settings.workspaces:
+    if not workspaces:
         assert (forked.returncode, forked.stdout, forked.stderr.decode()) == (1, b"", FORK_REFUSED)
         assert len(ok(sandbox(env, "--json", "list")).splitlines()) == 1
     else:
         children = ok(forked).split()
         made.extend(children)
-        assert len(children) == 2 and parent not in children
-        assert read(env, children[0], path) == note
+        children += ok(sandbox(env, "fork", parent)).split()
+        made.extend(children[2:])
+        elapsed = time.monotonic() - started
+        print(f"timing: two forks (2 + 1 children) to Running through the CLI: {elapsed:.1f} s")
+        assert len(set(children)) == 3 and parent not in children
+        for child in children:
+            assert read(env, child, path) == note
         assert ok(sandbox(env, "exec", children[1], "--", "echo", "hi")) == "hi\n"
+        # A change in one child stays in that child.
+        changed = b"changed in the first child only\n"
+        ok(sandbox(env, "write-file", children[0], path, stdin=changed))
+        assert read(env, children[0], path) == changed
+        for other in (parent, *children[1:]):
+            assert read(env, other, path) == note
 
     for sandbox_id in list(made):
         assert ok(sandbox(env, "delete", sandbox_id)).strip() == sandbox_id

@@ -49,14 +49,16 @@ def test_the_process_takes_its_settings_from_the_configuration(tmp_path: Path) -
         f"--kubeconfig={tmp_path / 'control-plane' / 'controller.kubeconfig'}",
     ):
         assert arg in argv
-    assert "--workspaces" not in argv
+    assert "--workspaces" in argv  # the workspace layer is deployed by default
     assert plane.url == "http://127.0.0.1:18080"
     assert plane.component().health.url == "http://127.0.0.1:18081/healthz"
     # Its record and log sit with the cluster's, so `cluster down` finds it.
     assert plane.log == tmp_path / "logs" / "warren-control.log"
 
-    with_workspaces = parse_config({"cluster": {"control_plane": {"workspaces": True}}})
-    assert "--workspaces" in LocalControlPlane(with_workspaces, tmp_path).component().spec.argv
+    without_layer = parse_config({"cluster": {"workspaces": {"enabled": False}}})
+    assert "--workspaces" not in LocalControlPlane(without_layer, tmp_path).component().spec.argv
+    refused = parse_config({"cluster": {"control_plane": {"workspaces": False}}})
+    assert "--workspaces" not in LocalControlPlane(refused, tmp_path).component().spec.argv
 
 
 def test_ports_must_differ() -> None:

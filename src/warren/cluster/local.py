@@ -181,6 +181,10 @@ def wait_healthy(
     )
 
 
+EXTRAS_ORDER = {"warren-control": 0, "warren-blockd-csi": 1, "warren-blockd": 2, "warren-objects": 3}
+EXTRAS_STOP_TIMEOUT = {"warren-blockd": 180.0}
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -279,9 +283,11 @@ class LocalCluster:
         # outside the plan (the control plane) use the cluster, so they stop before the node.
         run_dir = self.supervisor.run_dir
         recorded = sorted(p.stem for p in run_dir.glob("*.json")) if run_dir.is_dir() else []
-        extras = [n for n in recorded if n not in names]
+        # Users before what they use: the control plane, the CSI plugin, the workspace daemon
+        # (given time to flush what it holds to the object store), the object store.
+        extras = sorted((n for n in recorded if n not in names), key=lambda n: EXTRAS_ORDER.get(n, 0))
         for name in extras:
-            if self.supervisor.stop(name):
+            if self.supervisor.stop(name, timeout=EXTRAS_STOP_TIMEOUT.get(name, 20.0)):
                 stopped.append(name)
                 self.progress(f"{name}: stopped")
         for node in reversed(self.nodes):

@@ -132,7 +132,7 @@ class LocalControlPlane:
             # The local node has no registry: its images are imported archives (node/images.py).
             "--image-pull-policy=Never",
         ]
-        if s.workspaces:
+        if self.config.cluster.sandbox_workspaces:
             argv.append("--workspaces")
         spec = ProcessSpec(PROCESS, tuple(argv), env={"PYTHONUNBUFFERED": "1"})
         return Component(

@@ -1,0 +1,1 @@
+"""The workspace layer on the local node."""
