@@ -371,3 +371,25 @@ def test_publish_and_unpublish_are_idempotent_and_a_workspace_has_one_writer(csi
     while mounts_at(ro) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert mounts_at(ro) == 0
+
+
+def test_a_daemon_stopped_under_a_published_workspace_leaves_no_mount_behind(
+    csi: Csi, node: Blockd, blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str
+) -> None:
+    """Node shutdown order is not always kind (the pods' volumes may still be bound when the
+    daemon goes): the daemon takes every mount of its workspaces with it, so its FUSE file
+    system unmounts cleanly, and what it flushed is in storage."""
+    target = csi.publish("csi-vol-stop", pod_context(workspace="ws_stopped", size="64Mi"))
+    (target / "kept.txt").write_text("flushed at shutdown\n")
+    fuse_dir = node.state / "node" / "fuse"
+    node.stop()
+    assert mount_options(target) is None  # the pod's bind went with the device
+    table = Path("/proc/self/mountinfo").read_text()
+    assert str(fuse_dir) not in table
+    # The next daemon (an empty node) has the file back from storage.
+    shutil.rmtree(node.state / "node")
+    blockd_factory(f"s3://{bucket}", seaweedfs, name="node")
+    csi.unpublish("csi-vol-stop")  # kubelet's, once the old pod is gone: nothing left to undo
+    again = csi.publish("csi-vol-stop-2", pod_context(pod="pod-9", workspace="ws_stopped", size="64Mi"))
+    assert (again / "kept.txt").read_text() == "flushed at shutdown\n"
+    csi.unpublish("csi-vol-stop-2")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 import threading
@@ -24,6 +25,7 @@ from warren_blockd import metrics
 from warren_blockd.blobs.policy import PolicyStore
 from warren_blockd.cache import ChunkCache
 from warren_blockd.chunker import chunk_image
+from warren_blockd.csi import mounts
 from warren_blockd.device import Device
 from warren_blockd.fusefs import DeviceFS
 from warren_blockd.ids import WORKSPACE_ID_RULE, valid_workspace_id
@@ -79,6 +81,17 @@ class Settings:
     consolidate_interval: float = 60.0
     cache_memory: int = 256 << 20
     fork_wait: float = 60.0  # how long a fork waits for the source's writes to be replicated
+
+
+def mounts_of(device: str) -> list[str]:
+    """Every mount point of the filesystem on `device` (bind mounts included), deepest first."""
+    try:
+        rdev = Path(device).stat().st_rdev
+    except OSError:
+        return []
+    wanted = f"{os.major(rdev)}:{os.minor(rdev)}"
+    found = [e.mount_point for e in mounts.parse(mounts.MOUNTINFO.read_text()) if e.device == wanted]
+    return sorted(found, key=len, reverse=True)
 
 
 class Daemon:
@@ -148,8 +161,19 @@ class Daemon:
             )
 
     def shutdown(self) -> None:
-        """Unmount everything (each flushed and drained), then stop background work."""
+        """Unmount everything (each flushed and drained), then stop background work.
+
+        A workspace may also be bound elsewhere (a pod's volume, by the CSI plugin); its
+        device is going away with this process, so those mounts go too (lazily: a process
+        inside keeps what it holds open), or the FUSE file behind the device stays busy."""
         for workspace_id in list(self.attached):
+            loop = self.attached[workspace_id].loop
+            for where in mounts_of(loop) if loop else []:
+                if where != self.attached[workspace_id].target:
+                    subprocess.run(["umount", "-l", where], capture_output=True, check=False)
+                    log.info(
+                        "unbound at shutdown", extra={"fields": {"workspace": workspace_id, "where": where}}
+                    )
             try:
                 self.unmount(workspace_id, wait_replicated=30)
             except Exception as exc:
