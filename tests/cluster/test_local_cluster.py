@@ -126,8 +126,15 @@ def test_status_reports_every_component_healthy(env: dict[str, str]) -> None:
 
 def test_up_again_changes_nothing(env: dict[str, str]) -> None:
     before = pids(env)
-    # run.sh deploys the control plane too; it keeps its record beside the cluster's.
-    assert set(before) == {*COMPONENTS, "warren-control"}
+    # run.sh deploys the workspace layer and the control plane too; they keep their records
+    # beside the cluster's.
+    assert set(before) == {
+        *COMPONENTS,
+        "warren-objects",
+        "warren-blockd",
+        "warren-blockd-csi",
+        "warren-control",
+    }
     result = warren("cluster", "up", "--config", env["WARREN_TEST_CONFIG"])
     assert pids(env) == before
     assert result.stderr.count("running (pid") == len(COMPONENTS)
