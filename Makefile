@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export WARREN_CACHE ?= $(HOME)/.cache/warren
 
-.PHONY: deploy down test lint unit blockd control cluster-test binaries venv clean bench-runtime bench-blockd
+.PHONY: deploy down test lint unit blockd control cluster-test binaries venv clean bench-runtime bench-blockd bench-control bench-workspace
 BLOCKD := packages/warren-blockd
 CONTROL := packages/warren-control
 
@@ -89,6 +89,15 @@ bench-runtime: venv
 bench-blockd: $(BLOCKD)/.venv/.installed
 	tools/build-cluster-binaries.sh >/dev/null
 	$(BLOCKD)/.venv/bin/python bench/blockd.py
+
+# Create through the whole platform against the same pod made directly, GETs through the edge,
+# and the controller's reconcile rate on kwok nodes (as root: the local cluster's node).
+bench-control: venv $(CONTROL)/.venv/.installed
+	bench/run-control.sh
+
+# Fork to Running for a 1 GiB and an 8 GiB workspace, create with an empty one (as root).
+bench-workspace: venv $(BLOCKD)/.venv/.installed
+	bench/run-workspace.sh
 
 clean:
 	rm -rf $(VENV) test-results rendered

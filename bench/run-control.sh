@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `make bench-control`: the controller's reconcile rate on a throw-away kwok control plane
+# (simulated nodes), then a throw-away local cluster (its own ports and state) with the floor
+# applied, and bench/control.py against it: the control plane as `serve --role all`, sandboxes
+# through the edge against the same pods made directly. Writes bench/results/control.json.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+venv=$PWD/.venv/bin
+control=$PWD/packages/warren-control/.venv/bin
+bin_dir=$(tools/build-cluster-binaries.sh)
+export WARREN_BIN_DIR=$bin_dir
+WARREN_HOME=$(mktemp -d "${TMPDIR:-/tmp}/warren-bench-control.XXXXXX")
+export WARREN_HOME
+config=$PWD/tests/cluster/warren-test.yaml
+kwok_json=$WARREN_HOME/kwok.json
+cleanup() { "$venv/warren" cluster down --wipe --config "$config" || true; rm -rf --one-file-system "$WARREN_HOME"; }
+trap cleanup EXIT
+
+# Reconcile rate first, alone on the machine: nodes and sandboxes as WARREN_BENCH_NODES and
+# WARREN_BENCH_SANDBOXES say (the scale test runs 1,000 and 5,000).
+(cd packages/warren-control/tests && "$control/python" - "${WARREN_BENCH_NODES:-1000}" \
+  "${WARREN_BENCH_SANDBOXES:-5000}" "$kwok_json" "$WARREN_HOME" <<'PY'
+import json, os, sys
+from pathlib import Path
+from kwok_cluster import KwokCluster, measure_reconcile
+nodes, sandboxes, out, logs = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+with KwokCluster(Path(os.environ["WARREN_BIN_DIR"])) as cluster:
+    cluster.add_nodes(nodes)
+    result = measure_reconcile(cluster, sandboxes, log_dir=logs)
+print(result.summary(), file=sys.stderr)
+out.write_text(json.dumps({
+    "reconcile_per_s": result.reconcile_per_s,
+    "reconcile_nodes": result.nodes,
+    "reconcile_sandboxes": result.sandboxes,
+    "reconcile_seconds": result.seconds,
+    "reconcile_delete_seconds": result.delete_seconds,
+}))
+PY
+)
+
+"$venv/warren" cluster up --config "$config"
+"$venv/warren" apply --config "$config"
+image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(busybox_image())')
+"$control/python" bench/control.py --kubeconfig "$("$venv/warren" cluster kubeconfig)" \
+  --image "$image" --kwok-json "$kwok_json" "$@"
