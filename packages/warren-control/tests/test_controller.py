@@ -4,6 +4,7 @@ cluster tests (test_controller_cluster.py) run the same against a real cluster."
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from typing import Any
@@ -424,6 +425,66 @@ def test_registry_handles_sandboxes_and_watches_only_our_pods(kube: FakeKube) ->
     (pods,) = registry._watching.get_all_handlers()
     assert pods.id == "pod-event"
     assert pods.labels == {"app.kubernetes.io/managed-by": "warren-control"}
+
+
+def test_resync_waits_one_interval_before_its_first_pass(kube: FakeKube) -> None:
+    registry = build_registry(Reconciler(kube, ControllerOptions(resync_seconds=45)))
+    (resync,) = registry._spawning.get_all_handlers()
+    assert resync.interval == resync.initial_delay == 45
+
+
+def test_pod_events_of_a_sandbox_being_finalized_only_wake_its_finalizer(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    sbx = kube.add_sandbox("a")
+    uid = sbx["metadata"]["uid"]
+    reconciler.reconcile(NS, "a")
+    kube.sandboxes["a"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    woken: list[str] = []
+    with reconciler.finalizing(uid, lambda: woken.append(uid)):
+        assert reconciler.finalize(NS, "a", uid) is False
+        pod = kube.pods[pod_name(uid)]
+        reconciler.pod_changed("MODIFIED", pod)
+        assert woken == []
+        kube.finish_deletions()
+        reconciler.pod_changed("DELETED", pod)
+        assert woken == [uid]
+    assert kube.creates == 1  # the DELETED event did not make the pod again
+
+
+def test_finalizer_ends_on_the_pods_deleted_event_not_its_next_poll(kube: FakeKube) -> None:
+    # A poll interval far longer than the test may take: only the event can end the wait.
+    options = ControllerOptions(finalize_poll_seconds=60, finalize_poll_max_seconds=60)
+    reconciler = Reconciler(kube, options)
+    sbx = kube.add_sandbox("a")
+    uid = sbx["metadata"]["uid"]
+    reconciler.reconcile(NS, "a")
+    kube.sandboxes["a"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    (handler,) = [h for h in build_registry(reconciler)._changing.get_all_handlers() if h.id == "finalize"]
+
+    async def delete() -> None:
+        finalizing = asyncio.create_task(handler.fn(namespace=NS, name="a", uid=uid))
+        while "deletionTimestamp" not in kube.pods[pod_name(uid)]["metadata"]:
+            await asyncio.sleep(0.01)
+        pod = kube.pods[pod_name(uid)]
+        kube.finish_deletions()
+        await asyncio.to_thread(reconciler.pod_changed, "DELETED", pod)
+        await asyncio.wait_for(finalizing, timeout=10)
+
+    asyncio.run(delete())
+    assert not kube.pods
+
+
+def test_finalizer_reports_a_pod_that_outlasts_its_patience(kube: FakeKube) -> None:
+    options = ControllerOptions(finalize_poll_seconds=0.01, finalize_patience_seconds=0.1)
+    reconciler = Reconciler(kube, options)
+    sbx = kube.add_sandbox("a")
+    reconciler.reconcile(NS, "a")
+    kube.sandboxes["a"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    (handler,) = [h for h in build_registry(reconciler)._changing.get_all_handlers() if h.id == "finalize"]
+    with pytest.raises(kopf.TemporaryError, match="has not stopped"):
+        asyncio.run(handler.fn(namespace=NS, name="a", uid=sbx["metadata"]["uid"]))
+    assert kube.status("a")["phase"] == "Terminating"
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -74,9 +76,11 @@ class ControllerOptions:
     resync_seconds: float = 60.0
     # Backoff for a handler that failed (the API server unreachable, say).
     retry_seconds: float = 2.0
-    # The finalizer polls for its pod to be gone this often, for up to this long before it
-    # reports the pod stuck and retries.
+    # The finalizer waits for its pod's DELETED event, and polls as a fallback: first after
+    # this long, doubling up to the maximum, for up to `patience` before it reports the pod
+    # stuck and retries.
     finalize_poll_seconds: float = 0.5
+    finalize_poll_max_seconds: float = 8.0
     finalize_patience_seconds: float = 120.0
     # Threads for the handlers, which make blocking API calls.
     workers: int = 16
@@ -206,6 +210,8 @@ class Reconciler:
         self.options = options or ControllerOptions()
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
+        # Sandbox uid -> wakes its finalizer, for as long as one waits for the pod to go.
+        self._finalizing: dict[str, Callable[[], object]] = {}
 
     @contextmanager
     def _serialized(self, namespace: str, name: str) -> Iterator[None]:
@@ -329,10 +335,11 @@ class Reconciler:
             if exc.status != HTTPStatus.NOT_FOUND:  # gone meanwhile: nothing to report on
                 raise
 
-    def finalize(self, namespace: str, name: str, uid: str) -> bool:
-        """Stop the Sandbox's pod; True once it is gone and the Sandbox may go too."""
+    def finalize(self, namespace: str, name: str, uid: str, *, report: bool = True) -> bool:
+        """Stop the Sandbox's pod; True once it is gone and the Sandbox may go too. With
+        `report`, first write the Terminating status (once per wait is enough)."""
         with self._serialized(namespace, name):
-            sandbox = self.kube.read_sandbox(namespace, name)
+            sandbox = self.kube.read_sandbox(namespace, name) if report else None
             if sandbox is not None and sandbox["metadata"]["uid"] == uid:
                 self.write_status(sandbox, observe(sandbox, None))
             pod = self.kube.read_pod(namespace, pod_name(uid))
@@ -346,10 +353,29 @@ class Reconciler:
             self._locks.pop(f"{namespace}/{name}", None)
         return True
 
+    @contextmanager
+    def finalizing(self, uid: str, wake: Callable[[], object]) -> Iterator[None]:
+        """While the Sandbox `uid` is finalized, its pod's events only wake the finalizer."""
+        with self._guard:
+            self._finalizing[uid] = wake
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._finalizing.pop(uid, None)
+
     def pod_changed(self, event_type: str, pod: Mapping[str, Any]) -> None:
         """A pod this controller made changed: bring its Sandbox's status up to date, make
         the pod again if it vanished, or delete it if its Sandbox is gone."""
         uid = controller_uid(pod)
+        with self._guard:
+            wake = self._finalizing.get(uid or "")
+        if wake is not None:
+            # The Sandbox is being deleted and its finalizer owns the pod: reading the
+            # Sandbox here would only find it terminating.
+            if event_type == "DELETED":
+                wake()
+            return
         meta = pod.get("metadata") or {}
         owner = next(
             (
@@ -431,6 +457,9 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
     def ensure(namespace: str | None, name: str, **_: Any) -> None:
         reconciler.reconcile(str(namespace), name)
 
+    # The first resync one interval after a Sandbox appears: the create or resume handler
+    # has just made the same pass, and thousands of Sandboxes appearing at once (a start,
+    # a burst of creates) would otherwise double the load exactly when it peaks.
     @kopf.timer(
         GROUP,
         VERSION,
@@ -438,21 +467,41 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         id="resync",
         registry=registry,
         interval=reconciler.options.resync_seconds,
+        initial_delay=reconciler.options.resync_seconds,
         backoff=retry,
     )
     def resync(namespace: str | None, name: str, **_: Any) -> None:
         reconciler.reconcile(str(namespace), name)
 
+    # Finalizers make their API calls on threads of their own: asyncio's default pool has
+    # only a few, and a mass delete must not starve the other handlers either.
+    finalize_pool = ThreadPoolExecutor(reconciler.options.workers, thread_name_prefix="finalize")
+
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="finalize", registry=registry, backoff=retry)
     async def finalize(namespace: str | None, name: str, uid: str, **_: Any) -> None:
-        # Waiting for the pod is the normal case (its grace period), not a failure: poll
+        # Waiting for the pod is the normal case (its grace period), not a failure: wait
         # here, without holding a thread, rather than raise kopf's retry error each time.
+        # The pod's DELETED event ends the wait; polls that back off are the fallback, so
+        # thousands of Sandboxes deleted at once do not poll the API server in a loop.
+        # Patience counts only the time spent waiting for the pod, not for a thread: in a
+        # mass delete the queue for threads is long, and counting it would call healthy
+        # pods stuck and retry their finalizers (half of them, at 5,000 at once).
         options = reconciler.options
-        deadline = time.monotonic() + options.finalize_patience_seconds
-        while not await asyncio.to_thread(reconciler.finalize, str(namespace), name, uid):
-            if time.monotonic() > deadline:
-                raise kopf.TemporaryError(f"the pod of {namespace}/{name} has not stopped", delay=retry)
-            await asyncio.sleep(options.finalize_poll_seconds)
+        loop = asyncio.get_running_loop()
+        gone = asyncio.Event()
+        poll, waited, report = options.finalize_poll_seconds, 0.0, True
+        step = functools.partial(reconciler.finalize, str(namespace), name, uid)
+        with reconciler.finalizing(uid, lambda: loop.call_soon_threadsafe(gone.set)):
+            while not await loop.run_in_executor(finalize_pool, functools.partial(step, report=report)):
+                report = False
+                if waited > options.finalize_patience_seconds:
+                    raise kopf.TemporaryError(f"the pod of {namespace}/{name} has not stopped", delay=retry)
+                started = time.monotonic()
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(gone.wait(), poll)
+                waited += time.monotonic() - started
+                gone.clear()
+                poll = min(poll * 2, options.finalize_poll_max_seconds)
 
     @kopf.on.event("v1", "pods", id="pod-event", registry=registry, labels={MANAGED_BY_LABEL: MANAGED_BY})
     def pod_event(event: kopf.RawEvent, **_: Any) -> None:

@@ -20,6 +20,7 @@ Obj = dict[str, Any]
 
 FIELD_MANAGER = "warren-control"
 REQUEST_TIMEOUT = (5.0, 30.0)  # connect, read (seconds)
+POOL_SIZE = 64
 
 __all__ = ["ApiException", "Kube", "Obj", "error_message"]
 
@@ -39,13 +40,17 @@ class Kube:
     api: client.ApiClient
 
     @classmethod
-    def connect(cls, kubeconfig: str | None) -> Kube:
-        """From a kubeconfig file, or from the pod's service account when None."""
+    def connect(cls, kubeconfig: str | None, pool: int = POOL_SIZE) -> Kube:
+        """From a kubeconfig file, or from the pod's service account when None. `pool`
+        connections are kept open: the controller's handler and finalizer threads share the
+        client, and the library's default of 10 makes it open a TLS connection per call."""
+        configuration = client.Configuration()
         if kubeconfig is None:
-            configuration = client.Configuration()
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            return cls(client.ApiClient(configuration))
-        return cls(config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
+        else:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        configuration.connection_pool_maxsize = pool
+        return cls(client.ApiClient(configuration))
 
     @property
     def configuration(self) -> client.Configuration:
