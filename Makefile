@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export WARREN_CACHE ?= $(HOME)/.cache/warren
 
-.PHONY: deploy down test lint unit blockd control cluster-test binaries venv clean bench-runtime bench-blockd bench-control bench-workspace
+.PHONY: deploy down test lint unit blockd control cluster-test scale binaries venv clean bench-runtime bench-blockd bench-control bench-workspace
 BLOCKD := packages/warren-blockd
 CONTROL := packages/warren-control
 
@@ -43,8 +43,9 @@ down: venv
 
 ## Every test tier CI runs: lint, unit, blockd (unit + real SeaweedFS, FUSE, ext4),
 ## control (records on real PostgreSQL and SQLite, the edge against a local OIDC issuer),
-## cluster (conformance against a real API server and a real gVisor node).
-test: lint unit blockd control cluster-test
+## cluster (conformance, the control plane and workspaces against a real API server and a
+## real gVisor node), scale (the controller on 1,000 kwok nodes with 5,000 sandboxes).
+test: lint unit blockd control cluster-test scale
 
 lint: venv
 	$(BIN)/ruff check src tests packages bench
@@ -76,6 +77,11 @@ $(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml
 # its scale test with kwok nodes runs on its own ($(CONTROL)/tests/run-scale.sh).
 control: $(CONTROL)/.venv/.installed
 	cd $(CONTROL) && .venv/bin/mypy && .venv/bin/pytest -m "not cluster and not scale"
+
+# The controller at scale: 1,000 kwok nodes and 5,000 sandboxes to Running and deleted again,
+# on a throw-away control plane of its own (no root, no real node).
+scale: venv $(CONTROL)/.venv/.installed
+	$(CONTROL)/tests/run-scale.sh
 
 cluster-test: venv $(CONTROL)/.venv/.installed $(BLOCKD)/.venv/.installed
 	tests/cluster/run.sh
