@@ -71,6 +71,7 @@ class ControlPlane:
         key_file.write_text(secrets.token_urlsafe(48))
         key_file.chmod(0o600)
         self.port = free_port()
+        api_port = free_port()
         self.log = (workdir / "control.log").open("wb")
         self.process = subprocess.Popen(
             [
@@ -82,21 +83,23 @@ class ControlPlane:
                 f"--kubeconfig={kubeconfig}",
                 f"--sandbox-namespace={NAMESPACE}",
                 f"--port={self.port}",
-                f"--api-port={free_port()}",
+                f"--api-port={api_port}",
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
         self.edge = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 60
-        while True:
+        while True:  # the API's health (loopback), then the edge answering at all (401 without a key)
             try:
-                if httpx.get(f"{self.edge}/healthz", timeout=2).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{api_port}/healthz", timeout=2).status_code == 200:
+                    httpx.get(f"{self.edge}/v1/sandboxes", timeout=2)
                     break
             except httpx.HTTPError:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the control plane did not come up; see {self.log.name}")
+                tail = Path(self.log.name).read_text()[-3000:]
+                raise RuntimeError(f"the control plane did not come up:\n{tail}")
             time.sleep(0.2)
 
     def stop(self) -> None:
