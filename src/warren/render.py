@@ -16,6 +16,8 @@ from warren.config import WarrenConfig
 
 # Apply order: what others depend on first (namespaces and the CRD before anything
 # namespaced or anything that names them; a policy before its binding).
+# The workspace layer's CSI driver (warren-blockd's node plugin registers this name).
+WORKSPACE_DRIVER = "blockd.warren.dev"
 TEMPLATES = (
     "namespaces.yaml.j2",
     "warren.dev_sandboxes.yaml",
@@ -60,7 +62,12 @@ def _environment() -> jinja2.Environment:
 def render_text(config: WarrenConfig) -> dict[str, str]:
     """Each template rendered to YAML text, keyed by its output file name."""
     env = _environment()
-    context = {"cluster": config.cluster, "isolation": config.isolation, "egress": config.egress}
+    context = {
+        "cluster": config.cluster,
+        "isolation": config.isolation,
+        "egress": config.egress,
+        "workspace_driver": WORKSPACE_DRIVER,
+    }
     return {name.removesuffix(".j2"): env.get_template(name).render(**context) for name in TEMPLATES}
 
 

@@ -12,7 +12,6 @@ without it (`cluster.workspaces.enabled: false`) must refuse the fork with exact
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from warren.config import ClusterConfig, load_config
+from warren.config import ClusterConfig
 from warren.controlplane.local import PROCESS, layout
 
 pytestmark = pytest.mark.cluster
@@ -34,25 +33,6 @@ FORK_REFUSED = (
     "error: unsupported_capability: workspaces: a fork needs the workspace layer, "
     "which this deployment does not have\n"
 )
-
-
-@pytest.fixture(scope="module")
-def env() -> dict[str, str]:
-    missing = [k for k in ("WARREN_HOME", "WARREN_BIN_DIR", "WARREN_TEST_CONFIG") if k not in os.environ]
-    if missing:
-        pytest.fail(f"run the cluster tier through tests/cluster/run.sh (missing {', '.join(missing)})")
-    # No URL or key from outside: `warren sandbox` must find the local deployment by itself.
-    return {k: v for k, v in os.environ.items() if k not in {"WARREN_URL", "WARREN_API_KEY"}}
-
-
-@pytest.fixture(scope="module")
-def settings(env: dict[str, str]) -> ClusterConfig:
-    return load_config(Path(env["WARREN_TEST_CONFIG"])).cluster
-
-
-@pytest.fixture(scope="module")
-def state(env: dict[str, str]) -> Path:
-    return Path(env["WARREN_HOME"]) / "cluster"
 
 
 def run(
@@ -79,8 +59,8 @@ def read(env: dict[str, str], sandbox_id: str, path: str) -> bytes:
     return got.stdout
 
 
-def record_pid(state: Path) -> int:
-    return int(json.loads((state / "run" / f"{PROCESS}.json").read_text())["pid"])
+def record_pid(state: Path, name: str = PROCESS) -> int:
+    return int(json.loads((state / "run" / f"{name}.json").read_text())["pid"])
 
 
 def test_deployed_once_and_up_again_changes_nothing(env: dict[str, str], state: Path) -> None:
@@ -91,6 +71,13 @@ def test_deployed_once_and_up_again_changes_nothing(env: dict[str, str], state: 
     assert key.startswith("wk_")
     before = {p: p.stat().st_mtime_ns for p in (files.api_key, files.stamp_key, files.kubeconfig)}
     pid = record_pid(state)
+
+    # The workspace layer's second `up` leaves its processes (and the bucket) as they are.
+    layer_pids = {
+        name: record_pid(state, name) for name in ("warren-objects", "warren-blockd", "warren-blockd-csi")
+    }
+    ok(run(env, "warren", "workspaces", "up", "--config", config))
+    assert {name: record_pid(state, name) for name in layer_pids} == layer_pids
 
     again = run(env, "warren", "control-plane", "up", "--config", config)
     out = ok(again)

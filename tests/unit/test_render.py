@@ -77,6 +77,7 @@ def test_sandbox_policy_fails_closed_and_covers_every_rule(objects: list[Obj]) -
             "host-port",
             "host-path",
             "csi-driver",
+            "workspace-owner",
             "privileged",
             "privilege-escalation",
             "capabilities",

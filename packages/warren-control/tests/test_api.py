@@ -46,6 +46,7 @@ ROUTES: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/v1/sandboxes/{id}/exec", {"json": {"command": ["true"]}}),
     ("GET", "/v1/sandboxes/{id}/files", {"params": {"path": "/etc/hostname"}}),
     ("PUT", "/v1/sandboxes/{id}/files", {"params": {"path": "/tmp/x"}, "content": b"data"}),
+    ("GET", "/v1/sandboxes/{id}/workspace", {}),
 ]
 WITH_ID = [route for route in ROUTES if "{id}" in route[1]]
 

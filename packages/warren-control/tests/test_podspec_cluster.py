@@ -7,9 +7,11 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from k8s_helpers import controller_kubeconfig
 from warren_control.kube import ApiException, Kube, Obj
 from warren_control.podspec import PodOptions, pod_for
 
@@ -67,10 +69,16 @@ def test_pod_with_a_long_sandbox_name_is_admitted(kube: Kube, namespace: str, im
     assert dry_run(kube, namespace, pod_for(sandbox)) is None
 
 
-def test_pod_with_a_blockd_workspace_is_admitted(kube: Kube, namespace: str, image: str) -> None:
+def test_only_the_controller_may_mount_a_workspace(
+    kube: Kube, kubeconfig: str, namespace: str, image: str, tmp_path: Path
+) -> None:
     sandbox = stored_sandbox(kube, namespace, "dry-workspace", image, {})
-    exc = dry_run(kube, namespace, pod_for(sandbox, workspace_volume=BLOCKD))
+    pod = pod_for(sandbox, workspace_volume=BLOCKD)
+    as_controller = Kube.connect(str(controller_kubeconfig(kube, kubeconfig, tmp_path)))
+    exc = dry_run(as_controller, namespace, pod)
     assert exc is None, refusal(exc)
+    # Anyone else naming a workspace (here the cluster's admin) is refused by the floor.
+    assert "[warren:workspace-owner]" in refusal(dry_run(kube, namespace, pod))
 
 
 def _no_runtime_class(pod: Obj) -> None:

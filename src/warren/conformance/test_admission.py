@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -23,6 +24,7 @@ from warren.conformance.kube import (
     unique,
     with_init,
 )
+from warren.kube import api_client
 
 DRY = "All"
 
@@ -96,6 +98,13 @@ TOKEN_VOLUME = {
 }
 
 # Violations on the pod itself; each kind of container gets its own case.
+# The workspace volume the controller gives a sandbox pod, and the identity it acts as.
+WORKSPACE_VOLUME = {
+    "name": "workspace",
+    "csi": {"driver": "blockd.warren.dev", "volumeAttributes": {"workspace": "w1", "size": "1Gi"}},
+}
+CONTROLLER = "system:serviceaccount:warren-system:warren-controller"
+
 POD_CASES = [
     Case("runtime-class-missing", "runtime-class", _no_runtime_class),
     Case("host-network", "host-network", _spec(hostNetwork=True)),
@@ -134,6 +143,8 @@ POD_CASES = [
     Case("token-automount-unset", "service-account-token", _no_automount),
     Case("token-automount-true", "service-account-token", _spec(automountServiceAccountToken=True)),
     Case("token-projected-volume", "service-account-token", _volume(TOKEN_VOLUME)),
+    # Anyone but the controller naming a workspace (here: the suite's own admin identity).
+    Case("workspace-not-from-the-controller", "workspace-owner", _volume(WORKSPACE_VOLUME)),
 ]
 
 EPHEMERAL_CASES = [
@@ -177,12 +188,11 @@ def test_success_pod_with_init_container(core: client.CoreV1Api, sandbox_ns: str
     assert refusal(lambda: core.create_namespaced_pod(sandbox_ns, pod, dry_run=DRY)) is None
 
 
-def test_success_workspace_csi_volume(core: client.CoreV1Api, sandbox_ns: str) -> None:
+def test_success_workspace_csi_volume_from_the_controller(kubeconfig: Path, sandbox_ns: str) -> None:
+    as_controller = client.CoreV1Api(api_client(kubeconfig, as_user=CONTROLLER))
     pod = sandbox_pod(unique("ok-csi"))
-    _volume(
-        {"name": "workspace", "csi": {"driver": "blockd.warren.dev", "volumeAttributes": {"workspace": "w1"}}}
-    )(pod)
-    assert refusal(lambda: core.create_namespaced_pod(sandbox_ns, pod, dry_run=DRY)) is None
+    _volume(WORKSPACE_VOLUME)(pod)
+    assert refusal(lambda: as_controller.create_namespaced_pod(sandbox_ns, pod, dry_run=DRY)) is None
 
 
 def test_success_drop_all_capabilities(core: client.CoreV1Api, sandbox_ns: str) -> None:

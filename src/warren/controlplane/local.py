@@ -30,6 +30,7 @@ from warren.cluster.local import ClusterError, ComponentStatus, ensure_running, 
 from warren.cluster.process import ProcessSpec, Supervisor
 from warren.config import WarrenConfig
 from warren.controlplane import access
+from warren.workspaces.local import S3_ENV, LocalWorkspaces
 
 PROCESS = "warren-control"
 STATE = "control-plane"
@@ -132,9 +133,18 @@ class LocalControlPlane:
             # The local node has no registry: its images are imported archives (node/images.py).
             "--image-pull-policy=Never",
         ]
+        env = {"PYTHONUNBUFFERED": "1"}
         if self.config.cluster.sandbox_workspaces:
-            argv.append("--workspaces")
-        spec = ProcessSpec(PROCESS, tuple(argv), env={"PYTHONUNBUFFERED": "1"})
+            # The API reads what the nodes proved to the object store with blockd's own tool.
+            layer = LocalWorkspaces(self.config, self.cluster_state)
+            argv += [
+                "--workspaces",
+                f"--workspace-store=s3://{layer.settings.bucket}",
+                f"--workspace-store-endpoint={layer.s3_endpoint}",
+                f"--workspace-store-tool={layer.tool_path('warren-blockd')}",
+            ]
+            env.update(S3_ENV)
+        spec = ProcessSpec(PROCESS, tuple(argv), env=env)
         return Component(
             spec, Health(f"http://127.0.0.1:{s.api_port}/healthz"), after_healthy=self._wait_for_edge
         )

@@ -29,11 +29,11 @@ from warren.cluster.local import ClusterError, ComponentStatus, ensure_running, 
 from warren.cluster.process import ProcessSpec, Supervisor
 from warren.config import WarrenConfig
 from warren.node.layout import NodeLayout
+from warren.render import WORKSPACE_DRIVER as DRIVER
 
 OBJECTS = "warren-objects"
 BLOCKD = "warren-blockd"
 CSI = "warren-blockd-csi"
-DRIVER = "blockd.warren.dev"
 STATE = "workspaces"
 # SeaweedFS mini's servers, in port order from the configured base.
 SEAWEED_PORTS = ("master", "volume", "filer", "s3", "admin", "webdav")
@@ -88,8 +88,11 @@ class LocalWorkspaces:
 
     # -- the processes ------------------------------------------------------------------
 
+    def tool_path(self, name: str) -> Path:
+        return self.env / "bin" / name
+
     def _tool(self, name: str) -> str:
-        path = self.env / "bin" / name
+        path = self.tool_path(name)
         if not path.is_file():
             raise ClusterError(
                 f"{path} is missing: install warren-blockd's environment first "
@@ -113,15 +116,17 @@ class LocalWorkspaces:
 
     def _ensure_bucket(self) -> None:
         # The S3 gateway answers before its filer is ready: the helper retries for a while.
+        # Create and accept "already yours": a listing may not show a bucket to every key.
         script = (
             "import sys, time, boto3\n"
             "s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1')\n"
+            "mine = (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists)\n"
             "deadline = time.monotonic() + 60\n"
             "while True:\n"
             "    try:\n"
-            "        names = [b['Name'] for b in s3.list_buckets().get('Buckets', [])]\n"
-            "        if sys.argv[2] not in names:\n"
-            "            s3.create_bucket(Bucket=sys.argv[2])\n"
+            "        s3.create_bucket(Bucket=sys.argv[2])\n"
+            "        break\n"
+            "    except mine:\n"
             "        break\n"
             "    except Exception:\n"
             "        if time.monotonic() > deadline:\n"

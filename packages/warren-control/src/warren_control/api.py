@@ -25,7 +25,7 @@ import re
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -35,7 +35,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -56,6 +56,7 @@ from warren_control.podspec import (
     VERSION,
     pod_name,
 )
+from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore, WorkspaceStoreError
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,10 @@ class ApiSettings:
     # The workspace layer (warren-blockd): without it nothing outlives a pod, so sizes,
     # templates, forks and stops are refused rather than pretended.
     workspaces: bool = False
+    # The bucket the nodes' blockd replicate to: what it holds is what a node loss spares.
+    workspace_store: WorkspaceStore | None = None
+    # How long a deleted sandbox's workspace stays in storage, still usable as a template.
+    workspace_retention_s: float = DEFAULT_RETENTION_S
     # Reads converge the record from the Sandbox resource's status (what the controller
     # observed), so a reader sees what runs even where no status mirror is deployed.
     read_through: bool = True
@@ -282,6 +287,21 @@ class ForkResultOut(BaseModel):
 
 class ForkOut(BaseModel):
     results: list[ForkResultOut]
+
+
+class WorkspaceProofOut(BaseModel):
+    """What object storage proves about a sandbox's workspace, read from storage now."""
+
+    workspace_id: str
+    replicated_sequence: int | None = Field(
+        description=(
+            "The newest batch of workspace writes confirmed in object storage (a `replicated` "
+            "receipt names such a number; 0: none since the workspace was made or forked; null: "
+            "the workspace is not in storage yet). Every write at or below it survives the loss "
+            "of the node the sandbox runs on."
+        )
+    )
+    checked_at: datetime
 
 
 class FileWrittenOut(BaseModel):
@@ -580,9 +600,16 @@ class _Api:
     def check_template(self, session: Session, org_id: str, template: str | None) -> None:
         if template is None:
             return
+        # A deleted sandbox's workspace stays a template until the retention releases it.
+        retained = utcnow() - timedelta(seconds=self.settings.workspace_retention_s)
         found = session.scalars(
             select(Sandbox.id).where(
-                Sandbox.org_id == org_id, Sandbox.workspace_id == template, Sandbox.deleted_at.is_(None)
+                Sandbox.org_id == org_id,
+                Sandbox.workspace_id == template,
+                or_(
+                    Sandbox.deleted_at.is_(None),
+                    and_(Sandbox.deleted_at > retained, Sandbox.workspace_released_at.is_(None)),
+                ),
             )
         ).first()
         if found is None:
@@ -1050,6 +1077,40 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
         if "No such file" in said or "not found" in said.lower():
             return ApiError(404, "file_not_found", f"{path}: {said}"[:2000])
         return ApiError(400, "file_error", f"{path}: {said}"[:2000])
+
+    @router.get(
+        "/sandboxes/{sandbox_id}/workspace",
+        response_model=WorkspaceProofOut,
+        responses=_errors(400, 401, 404, 409, 503),
+        summary="What object storage proves about the sandbox's workspace",
+    )
+    def workspace_proof(sandbox_id: str, who: Who) -> Response:
+        with api.sessions.begin() as session:
+            workspace_id = api.find(session, who, sandbox_id).workspace_id
+        if not workspace_id:
+            raise ApiError(
+                409, "no_workspace", "this sandbox has no workspace (made without the workspace layer)"
+            )
+        if settings.workspace_store is None:
+            raise unsupported(
+                "workspace_proof",
+                "this control plane is not given the workspace store (serve --workspace-store)",
+            )
+        try:
+            proof = settings.workspace_store.proof(workspace_id)
+        except WorkspaceStoreError as exc:
+            if not exc.missing:
+                raise ApiError(503, "unavailable", str(exc)) from exc
+            answer = WorkspaceProofOut(
+                workspace_id=workspace_id, replicated_sequence=None, checked_at=utcnow()
+            )
+        else:
+            answer = WorkspaceProofOut(
+                workspace_id=workspace_id,
+                replicated_sequence=proof.replicated_sequence,
+                checked_at=proof.checked_at,
+            )
+        return JSONResponse(answer.model_dump(mode="json"))
 
     @router.get(
         "/sandboxes/{sandbox_id}/files",

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from warren_control.admin_cli import add_admin_parser
 from warren_control.sdk import Client, Phase, Sandbox, WarrenError
+from warren_control.workspaces import DEFAULT_RETENTION_S
 
 DEFAULT_EDGE_PORT = 8080
 DEFAULT_API_PORT = 8081
@@ -50,7 +51,7 @@ def _database_url(args: argparse.Namespace) -> str:
 
 
 def _api_settings(args: argparse.Namespace, *, read_through: bool) -> Any:
-    from warren_control import db
+    from warren_control import db, workspaces
     from warren_control.api import ApiSettings
 
     url = _database_url(args)
@@ -64,7 +65,11 @@ def _api_settings(args: argparse.Namespace, *, read_through: bool) -> Any:
         gpu_available=args.gpu,
         memory_capture=args.memory_capture,
         workspaces=args.workspaces,
+        workspace_store=workspaces.from_arguments(
+            args.workspace_store, args.workspace_store_endpoint, args.workspace_store_tool
+        ),
         read_through=read_through,
+        workspace_retention_s=args.workspace_retention_hours * 3600,
     )
 
 
@@ -88,7 +93,10 @@ def _background(args: argparse.Namespace, settings: Any, roles: Sequence[str], s
         options = MirrorOptions(resync_seconds=args.resync_seconds)
         workers.append(Mirror(sessions, Kube.connect(args.kubeconfig), settings.namespace, options))
     if "reaper" in roles:
-        workers.append(Reaper(sessions, Cluster(settings), ReaperOptions(interval_s=args.reap_interval)))
+        reaping = ReaperOptions(
+            interval_s=args.reap_interval, workspace_retention_s=settings.workspace_retention_s
+        )
+        workers.append(Reaper(sessions, Cluster(settings), reaping, settings.workspace_store))
     for worker in workers:
         threading.Thread(target=worker.run, args=(stop,), name=type(worker).__name__, daemon=True).start()
 
@@ -346,6 +354,20 @@ def sandbox_keepalive(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def sandbox_workspace(client: Client, args: argparse.Namespace) -> int:
+    proof = client.workspace_proof(args.id)
+    print(
+        json.dumps(
+            {
+                "workspace_id": proof.workspace_id,
+                "replicated_sequence": proof.replicated_sequence,
+                "checked_at": proof.checked_at.isoformat() if proof.checked_at else None,
+            }
+        )
+    )
+    return 0
+
+
 # --- parser ------------------------------------------------------------------------------------
 
 
@@ -372,6 +394,26 @@ def _serve_parser(commands: Any) -> None:
         "--workspaces",
         action="store_true",
         help="the workspace layer is deployed: the API allows workspaces, the controller mounts them",
+    )
+    serve.add_argument(
+        "--workspace-store",
+        help="API: the bucket the nodes' warren-blockd replicate to, s3://BUCKET[/PREFIX] "
+        "(or WARREN_WORKSPACE_STORE; credentials from the AWS environment variables)",
+    )
+    serve.add_argument(
+        "--workspace-store-endpoint",
+        help="API: the S3 endpoint of --workspace-store (or WARREN_WORKSPACE_STORE_ENDPOINT)",
+    )
+    serve.add_argument(
+        "--workspace-store-tool",
+        help="API: the warren-blockd command that reads the store (or WARREN_WORKSPACE_STORE_TOOL)",
+    )
+    serve.add_argument(
+        "--workspace-retention-hours",
+        type=float,
+        default=DEFAULT_RETENTION_S / 3600,
+        help="API, reaper: how long a deleted sandbox's workspace stays in storage (a template "
+        "until then); then the reaper releases it",
     )
     serve.add_argument(
         "--image-pull-policy",
@@ -457,6 +499,9 @@ def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command 
     write.add_argument("source", nargs="?", default="-", help="local file, or - for stdin")
 
     action("keepalive", sandbox_keepalive, "restart a sandbox's idle timer").add_argument("id")
+    action(
+        "workspace", sandbox_workspace, "what object storage proves about a sandbox's workspace (JSON)"
+    ).add_argument("id")
 
     sandbox.set_defaults(handler=cmd_sandbox)
 

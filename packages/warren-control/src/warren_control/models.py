@@ -183,7 +183,10 @@ class Sandbox(Base):
     # Where it runs, in words that name no node: {"zone": ..., "region": ...} as the
     # node's topology labels say, when they say anything.
     location: Mapped[dict[str, Any] | None] = mapped_column()
-    deleted_at: Mapped[datetime | None] = mapped_column()
+    deleted_at: Mapped[datetime | None] = mapped_column(index=True)
+    # When the reaper released the workspace from object storage (the retention after the
+    # delete had passed); until then a new sandbox may still start from it (template).
+    workspace_released_at: Mapped[datetime | None] = mapped_column()
 
     def touch(self, now: datetime | None = None) -> None:
         """Activity: restart the idle timer (the hard lifetime stays)."""

@@ -7,6 +7,11 @@
   then it is stopped instead (its pod goes, its workspace stays) and its idle timer pauses
   until someone starts it again. An abandoned persistent sandbox still dies at its lifetime.
 
+- A deleted sandbox's workspace is kept in object storage for the retention period (7 days by
+  default: a new sandbox may still start from it, as a template), then released: its
+  manifests and write records are removed (what a fork still stands on stays for the fork),
+  and now and then the chunks nothing references any more are collected.
+
 Each action goes to the cluster first and to the record second, and both are idempotent: a
 reaper that crashes in between finds the same sandbox due on its next sweep and finishes.
 Several reapers may run; they only repeat each other's idempotent calls.
@@ -17,8 +22,8 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Literal
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from warren_control import store
 from warren_control.api import Cluster, ClusterError
 from warren_control.models import Sandbox, SandboxPhase, utcnow
+from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore, WorkspaceStoreError
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +43,8 @@ Reason = Literal["lifetime", "idle"]
 class ReaperOptions:
     interval_s: float = 30.0
     batch: int = 100
+    workspace_retention_s: float = DEFAULT_RETENTION_S
+    collect_interval_s: float = 3600.0  # between chunk collections (each lists the whole store)
 
 
 @dataclass(frozen=True)
@@ -67,12 +75,20 @@ _MESSAGES = {
 
 class Reaper:
     def __init__(
-        self, sessions: sessionmaker[Session], cluster: Cluster, options: ReaperOptions | None = None
+        self,
+        sessions: sessionmaker[Session],
+        cluster: Cluster,
+        options: ReaperOptions | None = None,
+        workspaces: WorkspaceStore | None = None,
     ) -> None:
         self.sessions = sessions
         self.cluster = cluster
         self.options = options or ReaperOptions()
+        self.workspaces = workspaces
         self.reaped: list[Due] = []  # what this reaper did, oldest first (tests, logs)
+        self.released: list[str] = []  # workspaces this reaper released, oldest first
+        self.collected: list[dict[str, Any]] = []  # the collections' reports
+        self._last_collect: datetime | None = None
 
     def due(self, now: datetime) -> list[Due]:
         with self.sessions() as session:
@@ -125,7 +141,8 @@ class Reaper:
         return True
 
     def sweep(self, now: datetime | None = None) -> int:
-        """Reap everything due; how many were reaped."""
+        """Reap everything due, then release the workspaces past their retention (and now
+        and then collect chunks); how many sandboxes were reaped."""
         now = now or utcnow()
         done = 0
         while True:
@@ -133,7 +150,58 @@ class Reaper:
             results = [self.reap(due, now) for due in batch]
             done += sum(results)
             if len(batch) < self.options.batch or not all(results):
-                return done
+                break
+        if self.workspaces is not None:
+            released = self.release_workspaces(self.workspaces, now)
+            since = None if self._last_collect is None else (now - self._last_collect).total_seconds()
+            if released or since is None or since >= self.options.collect_interval_s:
+                self.collect(self.workspaces, now)
+        return done
+
+    def retained(self, now: datetime) -> list[tuple[str, str]]:
+        """(sandbox id, workspace id) of deleted sandboxes whose retention has passed."""
+        cutoff = now - timedelta(seconds=self.options.workspace_retention_s)
+        with self.sessions() as session:
+            rows = session.execute(
+                select(Sandbox.id, Sandbox.workspace_id)
+                .where(
+                    Sandbox.deleted_at.is_not(None),
+                    Sandbox.deleted_at <= cutoff,
+                    Sandbox.workspace_id.is_not(None),
+                    Sandbox.workspace_released_at.is_(None),
+                )
+                .order_by(Sandbox.deleted_at)
+                .limit(self.options.batch)
+            ).all()
+        return [(row[0], str(row[1])) for row in rows]
+
+    def release_workspaces(self, workspaces: WorkspaceStore, now: datetime) -> int:
+        """Storage first, record second: a release cut short is repeated (it is idempotent)."""
+        released = 0
+        for sandbox_id, workspace_id in self.retained(now):
+            try:
+                workspaces.release(workspace_id)
+            except WorkspaceStoreError as exc:
+                log.warning("releasing workspace %s failed, retrying next sweep: %s", workspace_id, exc)
+                break
+            with self.sessions.begin() as session:
+                record = session.get(Sandbox, sandbox_id)
+                if record is not None:
+                    record.workspace_released_at = now
+            log.info("released workspace %s of %s (retention passed)", workspace_id, sandbox_id)
+            self.released.append(workspace_id)
+            released += 1
+        return released
+
+    def collect(self, workspaces: WorkspaceStore, now: datetime) -> None:
+        try:
+            report = workspaces.collect()
+        except WorkspaceStoreError as exc:
+            log.warning("collecting unreferenced chunks failed, retrying later: %s", exc)
+            return
+        self._last_collect = now
+        self.collected.append(report)
+        log.info("collected unreferenced chunks: %s", report)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():

@@ -138,6 +138,15 @@ class ExecResult:
     stderr: bytes
 
 
+@dataclass(frozen=True)
+class WorkspaceProof:
+    """Every write at or below `replicated_sequence` is in object storage (None: nothing is)."""
+
+    workspace_id: str
+    replicated_sequence: int | None
+    checked_at: datetime | None
+
+
 def _new_idempotency_key() -> str:
     return uuid.uuid4().hex
 
@@ -374,6 +383,11 @@ class Client:
             headers={"Content-Type": "application/octet-stream"},
         )
         return int(response.json()["size"])
+
+    def workspace_proof(self, sandbox_id: str) -> WorkspaceProof:
+        """What object storage proves about the sandbox's workspace (read from storage now)."""
+        data = self._request("GET", f"/v1/sandboxes/{sandbox_id}/workspace").json()
+        return WorkspaceProof(data["workspace_id"], data["replicated_sequence"], _time(data["checked_at"]))
 
     # ---- waiting
 
