@@ -6,9 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 export WARREN_CACHE ?= $(HOME)/.cache/warren
 
-.PHONY: deploy down test lint unit blockd control cluster-test scale binaries venv clean bench-runtime bench-blockd bench-control bench-workspace
+.PHONY: deploy down test lint unit blockd control cluster-test scale binaries venv clean bench-runtime bench-blockd bench-control bench-workspace pulumi-unit
 BLOCKD := packages/warren-blockd
 CONTROL := packages/warren-control
+PULUMI := components
 
 venv: $(VENV)/.installed $(VENV)/.control-installed
 $(VENV)/.installed: pyproject.toml
@@ -41,15 +42,16 @@ deploy: venv $(BLOCKD)/.venv/.installed
 down: venv
 	$(BIN)/warren cluster down
 
-## Every test tier CI runs: lint, unit, blockd (unit + real SeaweedFS, FUSE, ext4),
+## Every test tier CI runs: lint, unit, pulumi-unit (components under Pulumi's mocks, the
+## policy pack's rules), blockd (unit + real SeaweedFS, FUSE, ext4),
 ## control (records on real PostgreSQL and SQLite, the edge against a local OIDC issuer),
 ## cluster (conformance, the control plane and workspaces against a real API server and a
 ## real gVisor node), scale (the controller on 1,000 kwok nodes with 5,000 sandboxes).
-test: lint unit blockd control cluster-test scale
+test: lint unit pulumi-unit blockd control cluster-test scale
 
 lint: venv
-	$(BIN)/ruff check src tests packages bench
-	$(BIN)/ruff format --check src tests packages bench
+	$(BIN)/ruff check src tests packages bench components infra policy
+	$(BIN)/ruff format --check src tests packages bench components infra policy
 	$(BIN)/mypy
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint
 
@@ -75,7 +77,7 @@ $(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml
 
 # The controller's tests against a live cluster run in the cluster tier (tests/cluster/run.sh);
 # its scale test with kwok nodes runs on its own ($(CONTROL)/tests/run-scale.sh).
-control: $(CONTROL)/.venv/.installed
+control: $(CONTROL)/.venv/.installed $(BLOCKD)/.venv/.installed
 	cd $(CONTROL) && .venv/bin/mypy && .venv/bin/pytest -m "not cluster and not scale"
 
 # The controller at scale: 1,000 kwok nodes and 5,000 sandboxes to Running and deleted again,
@@ -85,6 +87,22 @@ scale: venv $(CONTROL)/.venv/.installed
 
 cluster-test: venv $(CONTROL)/.venv/.installed $(BLOCKD)/.venv/.installed
 	tests/cluster/run.sh
+
+# The Pulumi side (components/, infra/, policy/) has an environment of its own: the Pulumi SDKs
+# (pinned in components/pyproject.toml) beside the warren package, which WarrenPlatform renders
+# with. infra/Pulumi.yaml and policy/PulumiPolicy.yaml name this environment too.
+$(PULUMI)/.venv/.installed: pyproject.toml $(PULUMI)/pyproject.toml
+	$(PYTHON) -m venv $(PULUMI)/.venv
+	$(PULUMI)/.venv/bin/pip install --quiet -e . -e '$(PULUMI)[policy,test]'
+	touch $@
+
+# Unit tests with Pulumi's mocks (no CLI, no cloud, no cluster) and the policy pack's rules.
+# mypy runs here, not in `lint`: it needs the Pulumi SDKs. Each __main__.py is checked alone.
+pulumi-unit: $(PULUMI)/.venv/.installed
+	cd $(PULUMI) && .venv/bin/mypy warren_components ../tests/pulumi
+	cd $(PULUMI) && .venv/bin/mypy ../infra
+	cd $(PULUMI) && .venv/bin/mypy ../policy
+	$(PULUMI)/.venv/bin/pytest tests/pulumi
 
 ## Benchmarks write JSON to bench/results/ (ratios against a baseline from the same run).
 bench-runtime: venv

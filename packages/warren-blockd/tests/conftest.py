@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from warren_blockd.blobs.local import LocalDriver
+from warren_blockd.blobs.policy import PolicyStore
 from warren_blockd.testing import BlockdProcess, Weed, make_bucket
 
 
@@ -29,6 +31,18 @@ def bucket(seaweedfs: str) -> str:
 @pytest.fixture
 def local_root(tmp_path: Path) -> Path:
     return tmp_path / "blobs"
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
+def store(request: pytest.FixtureRequest, local_root: Path) -> PolicyStore:
+    """A workspace store: local files always, a real SeaweedFS in the integration tier."""
+    if request.param == "local":
+        return PolicyStore(LocalDriver(local_root))
+    from warren_blockd.blobs.s3 import S3Driver
+
+    endpoint = request.getfixturevalue("seaweedfs")
+    bucket = request.getfixturevalue("bucket")
+    return PolicyStore(S3Driver(bucket, endpoint=endpoint, access_key="any", secret_key="any", timeout=30))
 
 
 def loop_mount_missing() -> str | None:

@@ -37,3 +37,61 @@ def test_sizes_and_a_missing_daemon_are_clear(tmp_path: Path, capsys: pytest.Cap
         size("lots")
     assert main(["--socket", str(tmp_path / "none.sock"), "stats"]) == 1
     assert "is `warren-blockd serve` running?" in capsys.readouterr().err
+
+
+def test_replicated_reads_the_store_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from warren_blockd.blobs.local import LocalDriver
+    from warren_blockd.blobs.policy import PolicyStore
+    from warren_blockd.workspace import LogLane, Workspace
+
+    store = f"file://{tmp_path}"
+    assert main(["replicated", "ws-1", "--store", store]) == 3  # nothing stored yet
+    assert json.loads(capsys.readouterr().out)["error"] == "not_found"
+    workspace = Workspace(PolicyStore(LocalDriver(tmp_path)), "ws-1")
+    workspace.create(16)
+    LogLane(workspace, 1).publish([(0, b"\1" * 4096)])
+    assert main(["replicated", "ws-1", "--store", store]) == 0
+    assert json.loads(capsys.readouterr().out) == {"workspace": "ws-1", "replicated_seq": 1}
+    assert main(["replicated", "../etc", "--store", store]) == 2
+    assert "is not a workspace id" in capsys.readouterr().err
+
+
+def test_release_and_gc_work_on_the_store_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from warren_blockd.blobs.local import LocalDriver
+    from warren_blockd.blobs.policy import PolicyStore
+    from warren_blockd.workspace import LogLane, Workspace
+
+    store = f"file://{tmp_path}"
+    policy = PolicyStore(LocalDriver(tmp_path))
+    workspace = Workspace(policy, "ws-1")
+    workspace.create(16)
+    LogLane(workspace, 1).publish([(0, b"\1" * 4096)])
+
+    assert main(["release", "nobody", "--store", store]) == 0  # nothing to release is no error
+    out = json.loads(capsys.readouterr().out)
+    assert out["found"] is False and "nothing to release" in out["note"]
+    assert main(["release", "ws-1", "--store", store]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {
+        "workspace": "ws-1",
+        "found": True,
+        "records_deleted": 1,
+        "generations_deleted": 1,
+        "kept_for_forks": [],
+        "complete": True,
+    }
+    assert main(["replicated", "ws-1", "--store", store]) == 3
+    assert json.loads(capsys.readouterr().out)["error"] == "released"
+    assert main(["release", "../etc", "--store", store]) == 2
+
+    assert main(["gc", "--store", store]) == 0  # the default grace: the chunk is too young
+    report = json.loads(capsys.readouterr().out)
+    assert (report["chunks_seen"], report["deleted"], report["kept_young"]) == (1, 0, 1)
+    assert main(["gc", "--store", store, "--grace", "0", "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["deleted"] == 1 and "safe only while no writer" in captured.err
+    assert policy.list("chunks/")
+    assert main(["gc", "--store", store, "--grace", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["deleted"] == 1
+    assert policy.list("chunks/") == []
+    assert main(["gc", "--store", store, "--grace", "-1"]) == 2

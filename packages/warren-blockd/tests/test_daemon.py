@@ -134,3 +134,27 @@ def test_api_errors_are_clear_and_metrics_and_logs_are_served(node: Blockd) -> N
     assert "blockd_chunk_fetches_total" in text and "blockd_flushes_total" in text
     events = [json.loads(line) for line in node.log().splitlines() if line.startswith("{")]
     assert any(e["event"] == "detached" and e["workspace"] == "exists-once" for e in events)
+
+
+def test_a_released_workspace_is_refused_by_the_daemon(
+    node: Blockd, seaweedfs: str, bucket: str, tmp_path: Path
+) -> None:
+    from warren_blockd.blobs.policy import PolicyStore
+    from warren_blockd.blobs.s3 import S3Driver
+    from warren_blockd.workspace import Workspace
+
+    node.client.create("deleted", 64 << 20)
+    store = PolicyStore(S3Driver(bucket, endpoint=seaweedfs, access_key="any", secret_key="any"))
+    assert Workspace(store, "deleted").release().found
+    refusals = (
+        lambda: node.client.action("deleted", "restore", target=str(tmp_path / "r")),
+        lambda: node.client.action("deleted", "fork", children=["kid"]),
+        lambda: node.client.create("kid", template="deleted"),
+        lambda: node.client.create("deleted", 64 << 20),  # not brought back under the same id
+    )
+    for refused in refusals:
+        with pytest.raises(ApiError) as err:
+            refused()
+        assert (err.value.status, err.value.code) == (410, "released")
+        assert "deleted was released" in str(err.value)
+    assert store.list("workspaces/deleted/") == ["workspaces/deleted/released"]

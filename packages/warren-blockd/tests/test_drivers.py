@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,19 @@ def test_overwrite_without_condition(driver: BlobDriver) -> None:
     driver.put("manifest/latest", b"v1")
     driver.put("manifest/latest", b"v2")
     assert driver.get("manifest/latest") == b"v2"
+
+
+def test_stat_and_list_info_tell_size_and_stored_time(driver: BlobDriver) -> None:
+    start = datetime.now(UTC) - timedelta(seconds=2)  # S3 times are whole seconds
+    driver.put("c/one", b"12345")
+    driver.put("c/two", b"1")
+    infos = driver.list_info("c/")
+    assert [(info.key, info.size) for info in infos] == [("c/one", 5), ("c/two", 1)]
+    stamped = driver.stat("c/one")
+    assert stamped is not None and start <= stamped <= datetime.now(UTC) + timedelta(seconds=2)
+    assert abs(infos[0].modified - stamped) < timedelta(seconds=1)
+    assert driver.stat("c/none") is None
+    time.sleep(1.1)
+    driver.put("c/one", b"12345")  # stored again: its time moves on (the chunk gc relies on it)
+    renewed = driver.stat("c/one")
+    assert renewed is not None and renewed > stamped

@@ -3,10 +3,12 @@ exactly N times on demand, which is what retry behaviour must be tested against.
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from warren_blockd import chunks
+from warren_blockd.blobs import BlobInfo
 from warren_blockd.blobs.local import LocalDriver
 from warren_blockd.blobs.policy import PolicyStore, RetryPolicy
 from warren_blockd.errors import CorruptError, PreconditionFailedError, TransientError
@@ -35,6 +37,12 @@ class Flaky:
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
+
+    def stat(self, key: str) -> datetime | None:
+        return self.inner.stat(key)
+
+    def list_info(self, prefix: str) -> list[BlobInfo]:
+        return self.inner.list_info(prefix)
 
     def list(self, prefix: str, start_after: str = "") -> list[str]:
         return self.inner.list(prefix, start_after)

@@ -1,5 +1,5 @@
 """Workspaces over a real store: restore, consolidation, forks that copy no data, and the
-log lane's create-only publishing that stops on split brain."""
+log lane's create-only publishing that stops on split brain, and release."""
 
 from __future__ import annotations
 
@@ -8,20 +8,9 @@ from pathlib import Path
 import pytest
 from warren_blockd.blobs.local import LocalDriver
 from warren_blockd.blobs.policy import PolicyStore
-from warren_blockd.workspace import LogLane, SplitBrainError, Workspace
+from warren_blockd.workspace import LogLane, Released, SplitBrainError, Workspace, WorkspaceReleasedError
 
 BLOCK = 4096
-
-
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
-def store(request: pytest.FixtureRequest, local_root: Path) -> PolicyStore:
-    if request.param == "local":
-        return PolicyStore(LocalDriver(local_root))
-    from warren_blockd.blobs.s3 import S3Driver
-
-    endpoint = request.getfixturevalue("seaweedfs")
-    bucket = request.getfixturevalue("bucket")
-    return PolicyStore(S3Driver(bucket, endpoint=endpoint, access_key="any", secret_key="any", timeout=30))
 
 
 def block(fill: int, count: int = 1) -> bytes:
@@ -42,6 +31,22 @@ def test_restore_is_manifest_plus_log_tail(store: PolicyStore) -> None:
     lane.publish([(5, block(3))])
     restored = Workspace(store, "w1").effective()
     assert restored.log_seq == 3 and restored.lookup(5) is not None and restored.lookup(1) == second
+
+
+def test_replicated_seq_is_the_newest_record_in_storage(store: PolicyStore) -> None:
+    ws = Workspace(store, "w2")
+    ws.create(1024)
+    assert ws.replicated_seq() == 0
+    lane = LogLane(ws, next_seq=1)
+    lane.publish([(0, block(1))])
+    lane.publish([(1, block(2))])
+    assert ws.replicated_seq() == 2
+    ws.consolidate()  # the tail is folded into a generation: the number stays
+    assert ws.replicated_seq() == 2
+    lane.publish([(2, block(3))])
+    assert Workspace(store, "w2").replicated_seq() == 3
+    ws.fork(["w2-child"])
+    assert Workspace(store, "w2-child").replicated_seq() == 0  # its own writes count from the fork
 
 
 def test_fork_copies_no_data_and_children_diverge(store: PolicyStore) -> None:
@@ -103,6 +108,17 @@ def test_fork_into_an_existing_id_fails_alone(store: PolicyStore) -> None:
     assert result["fresh"] is None and "already exists" in str(result["taken"])
 
 
+def test_a_failed_fork_leaves_no_reference_behind(store: PolicyStore) -> None:
+    src = Workspace(store, "src3")
+    src.create(16)
+    Workspace(store, "taken").create(16)
+    assert src.fork(["fresh"]) == {"fresh": None}
+    result = src.fork(["fresh", "taken"])  # fresh: a retry of the fork that made it
+    assert "already exists" in str(result["fresh"]) and "already exists" in str(result["taken"])
+    assert store.list("workspaces/src3/refs/") == ["workspaces/src3/refs/0000000000000000/fresh"]
+    assert src.release().kept_for_forks == [0]  # only the fork that stands on it holds it
+
+
 def test_split_brain_stops_the_lane(store: PolicyStore) -> None:
     ws = Workspace(store, "contested")
     ws.create(64)
@@ -120,3 +136,134 @@ def test_partial_blocks_refused(store: PolicyStore) -> None:
     ws.create(8)
     with pytest.raises(ValueError, match="whole 4 KiB blocks"):
         LogLane(ws, 1).publish([(0, b"short")])
+
+
+def read_all(ws: Workspace) -> bytes:
+    """Every byte of a workspace as a restore serves it: chunks fetched and verified."""
+    manifest = ws.effective()
+    out = bytearray(manifest.size_blocks * BLOCK)
+    for e in manifest.extents:
+        data = ws.store.get_chunk(e.chunk)[e.chunk_offset * BLOCK : (e.chunk_offset + e.count) * BLOCK]
+        out[e.first_block * BLOCK : e.end * BLOCK] = data
+    return bytes(out)
+
+
+def test_release_removes_records_and_generations_but_no_chunk(store: PolicyStore) -> None:
+    ws = Workspace(store, "gone")
+    ws.create(64)
+    lane = LogLane(ws, 1)
+    for i in range(3):
+        lane.publish([(i, block(i + 1))])
+        ws.consolidate()
+    lane.publish([(9, block(9))])
+    chunks_before = store.list("chunks/")
+    done = ws.release()
+    assert done == Released("gone", found=True, records_deleted=4, generations_deleted=4)
+    assert store.list("workspaces/gone/") == ["workspaces/gone/released"]
+    assert store.list("chunks/") == chunks_before  # shared: they are the gc's to collect
+    again = Workspace(store, "gone").release()  # idempotent
+    assert again == Released("gone", found=True)
+
+
+def test_release_of_an_unknown_workspace_is_nothing_to_do(store: PolicyStore) -> None:
+    assert Workspace(store, "never").release() == Released("never", found=False)
+    assert store.list("workspaces/") == []  # no marker for an id nobody used
+
+
+def test_a_released_id_is_refused_and_not_resurrected(store: PolicyStore) -> None:
+    ws = Workspace(store, "done")
+    ws.create(16)
+    LogLane(ws, 1).publish([(0, block(1))])
+    Workspace(store, "other").create(16)
+    ws.release()
+    for call in (ws.effective, ws.replicated_seq, lambda: ws.fork(["kid"]), lambda: ws.create(16)):
+        with pytest.raises(WorkspaceReleasedError, match="done was released"):
+            call()
+    assert "was released" in str(Workspace(store, "other").fork(["done"])["done"])
+    assert store.list("workspaces/done/") == ["workspaces/done/released"]
+
+
+def test_a_release_cut_short_is_finished_by_the_next_call(store: PolicyStore) -> None:
+    ws = Workspace(store, "half")
+    ws.create(16)
+    LogLane(ws, 1).publish([(0, block(1)), (1, block(2))])
+    store.put("workspaces/half/released", b"")  # the first step of a release that then died
+    with pytest.raises(WorkspaceReleasedError):
+        ws.effective()
+    assert ws.release() == Released("half", found=True, records_deleted=1, generations_deleted=1)
+    assert store.list("workspaces/half/") == ["workspaces/half/released"]
+
+
+def test_a_fork_outlives_its_released_parent(store: PolicyStore) -> None:
+    parent = Workspace(store, "parent")
+    parent.create(64)
+    lane = LogLane(parent, 1)
+    lane.publish([(0, block(1, 4))])
+    lane.publish([(2, block(2))])
+    assert parent.fork(["kid"]) == {"kid": None}
+    lane.publish([(3, block(3))])  # the parent goes on after the fork
+    parent.consolidate()
+    kid = Workspace(store, "kid")
+    before = read_all(kid)
+    assert before[: 4 * BLOCK] == block(1, 2) + block(2) + block(1)
+
+    done = parent.release()
+    assert done.kept_for_forks == [1] and done.records_deleted == 3  # the generation under kid
+    assert read_all(kid) == before  # every byte still restores
+    assert parent.release().kept_for_forks == [1]  # and stays while kid stands on it
+
+    LogLane(kid, 1).publish([(5, block(5))])
+    kid.consolidate()  # flattened: kid no longer stands on the parent
+    assert parent.release() == Released("parent", found=True, generations_deleted=1)
+    assert store.list("workspaces/parent/") == ["workspaces/parent/released"]
+    assert read_all(kid) == before[: 5 * BLOCK] + block(5) + before[6 * BLOCK :]
+
+
+def test_a_kept_generation_keeps_its_own_base(store: PolicyStore) -> None:
+    """grand stands on mid's first generation, which names root's: releasing mid and then
+    root must leave the whole chain that grand reads through."""
+    root = Workspace(store, "root")
+    root.create(16)
+    LogLane(root, 1).publish([(0, block(7, 2))])
+    root.fork(["mid"])
+    Workspace(store, "mid").fork(["grand"])
+    grand = Workspace(store, "grand")
+    before = read_all(grand)
+    assert Workspace(store, "mid").release().kept_for_forks == [0]
+    assert root.release().kept_for_forks == [1]  # mid's kept generation still stands on it
+    assert read_all(grand) == before
+
+
+def test_a_flattened_fork_keeps_its_base_while_its_own_fork_reads_through_it(store: PolicyStore) -> None:
+    src = Workspace(store, "s")
+    src.create(16)
+    lane = LogLane(src, 1)
+    lane.publish([(0, block(1))])
+    src.fork(["c"])
+    c = Workspace(store, "c")
+    c.fork(["d"])  # d stands on c's first generation, which names src's
+    LogLane(c, 1).publish([(1, block(2))])
+    c.consolidate()  # c is flat now, d still is not
+    for i in range(4):
+        lane.publish([(2, block(3 + i))])
+        src.consolidate(keep=1)
+    assert read_all(Workspace(store, "d"))[:BLOCK] == block(1)
+
+
+def test_a_fork_racing_a_release_leaves_no_child_on_a_dropped_generation(local_root: Path) -> None:
+    """A release that writes its marker just after a fork put its reference: the fork sees
+    the marker and backs out (else the release would not see the reference)."""
+
+    class ReleaseAfterRef(LocalDriver):
+        def put(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+            super().put(key, data, create_only=create_only)
+            if "/refs/" in key:
+                super().put("workspaces/racing/released", b"")
+
+    store = PolicyStore(ReleaseAfterRef(local_root))
+    src = Workspace(store, "racing")
+    src.create(16)
+    assert "was released" in str(src.fork(["late"])["late"])
+    assert store.list("workspaces/racing/refs/") == []
+    assert store.list("workspaces/late/") == []
+    assert src.release().generations_deleted == 1

@@ -25,7 +25,7 @@ from warren_blockd import metrics
 from warren_blockd.daemon import BlockdError, Daemon
 from warren_blockd.errors import BlobError, NotFoundError
 from warren_blockd.replicator import Receipt
-from warren_blockd.workspace import SplitBrainError
+from warren_blockd.workspace import SplitBrainError, WorkspaceReleasedError
 
 log = logging.getLogger("warren_blockd.api")
 STATUS = {
@@ -89,6 +89,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "not_found", "message": str(exc)})
         except SplitBrainError as exc:
             self._json(409, {"error": "split_brain", "message": str(exc)})
+        except WorkspaceReleasedError as exc:
+            self._json(410, {"error": "released", "message": str(exc)})
         except BlobError as exc:
             self._json(503, {"error": "storage", "message": str(exc)})
         except (KeyError, TypeError, ValueError) as exc:

@@ -1,5 +1,6 @@
-"""`warren-blockd`: run the daemon (`serve`) or its CSI node plugin (`csi`), talk to the daemon, or
-compare image chunkings (`dedup`)."""
+"""`warren-blockd`: run the daemon (`serve`) or its CSI node plugin (`csi`), talk to the daemon,
+read or clean the store itself (`replicated`, `release`, `gc`), or compare image chunkings
+(`dedup`)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,19 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
-from urllib.parse import urlparse
 
-from warren_blockd import __version__
-from warren_blockd.blobs import BlobDriver
-from warren_blockd.blobs.local import LocalDriver
+from warren_blockd import __version__, stores
 from warren_blockd.blobs.policy import PolicyStore
 from warren_blockd.client import DEFAULT_SOCKET, ApiError, Client
+from warren_blockd.gc import DEFAULT_GRACE
 
 log = logging.getLogger("warren_blockd")
+NOT_IN_STORE = 3  # `replicated`: the workspace has nothing in the store
 UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -38,19 +40,10 @@ def size(text: str) -> int:
 
 
 def open_store(url: str, endpoint: str | None) -> PolicyStore:
-    """s3://bucket[/prefix] (credentials from the usual AWS environment variables) or file:///dir."""
-    parsed = urlparse(url)
-    driver: BlobDriver
-    if parsed.scheme == "s3" and parsed.netloc:
-        from warren_blockd.blobs.s3 import S3Driver
-
-        prefix = parsed.path.strip("/")
-        driver = S3Driver(parsed.netloc, endpoint=endpoint, prefix=f"{prefix}/" if prefix else "")
-    elif parsed.scheme == "file" and parsed.path:
-        driver = LocalDriver(Path(parsed.path))
-    else:
-        raise SystemExit(f"--store {url!r} is not a store: use s3://BUCKET[/PREFIX] or file:///DIRECTORY")
-    return PolicyStore(driver)
+    try:
+        return stores.open_store(url, endpoint)
+    except ValueError as exc:
+        raise SystemExit(f"--{exc}") from None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -187,6 +180,118 @@ def _call(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bad_id(workspace_id: str) -> bool:
+    from warren_blockd.ids import WORKSPACE_ID_RULE, valid_workspace_id
+
+    if valid_workspace_id(workspace_id):
+        return False
+    print(f"warren-blockd: {workspace_id!r} is not a workspace id: {WORKSPACE_ID_RULE}", file=sys.stderr)
+    return True
+
+
+def replicated(args: argparse.Namespace) -> int:
+    """Read from the store itself, not a daemon: what survives the loss of any node."""
+    from warren_blockd.errors import BlobError, NotFoundError
+    from warren_blockd.workspace import Workspace, WorkspaceReleasedError
+
+    if _bad_id(args.workspace):
+        return 2
+    try:
+        seq = Workspace(open_store(args.store, args.s3_endpoint), args.workspace).replicated_seq()
+    except NotFoundError:
+        print(json.dumps({"workspace": args.workspace, "error": "not_found"}))
+        return NOT_IN_STORE
+    except WorkspaceReleasedError:
+        print(json.dumps({"workspace": args.workspace, "error": "released"}))
+        return NOT_IN_STORE
+    except BlobError as exc:
+        print(f"warren-blockd: reading the store {args.store}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"workspace": args.workspace, "replicated_seq": seq}))
+    return 0
+
+
+def release(args: argparse.Namespace) -> int:
+    """Remove a deleted sandbox's workspace from the store (chunks are left to `gc`)."""
+    from warren_blockd.errors import BlobError
+    from warren_blockd.workspace import Workspace
+
+    if _bad_id(args.workspace):
+        return 2
+    try:
+        result = Workspace(open_store(args.store, args.s3_endpoint), args.workspace).release()
+    except BlobError as exc:
+        print(f"warren-blockd: releasing in the store {args.store}: {exc}", file=sys.stderr)
+        return 1
+    doc: dict[str, Any] = asdict(result)
+    if result.found:
+        doc["complete"] = not result.kept_for_forks  # else a later release or gc finishes it
+    else:
+        doc["note"] = "nothing is stored under this id: nothing to release"
+    print(json.dumps(doc))
+    return 0
+
+
+def collect(args: argparse.Namespace) -> int:
+    """Delete the chunks no workspace references any more (`gc`)."""
+    from warren_blockd.errors import BlobError
+    from warren_blockd.gc import GcError, gc
+
+    if args.grace < 0:
+        print("warren-blockd: --grace is a number of hours, 0 or more", file=sys.stderr)
+        return 2
+    grace = timedelta(hours=args.grace)
+    if grace < DEFAULT_GRACE:
+        print(
+            f"warren-blockd: a grace below {DEFAULT_GRACE / timedelta(hours=1):g} hours is safe only "
+            "while no writer is at work (writers reuse stored chunks younger than half of that)",
+            file=sys.stderr,
+        )
+    try:
+        report = gc(open_store(args.store, args.s3_endpoint), grace, dry_run=args.dry_run)
+    except (BlobError, GcError) as exc:
+        print(f"warren-blockd: collecting in the store {args.store}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(asdict(report)))
+    return 0
+
+
+def _store_command(sub: Any, name: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand that works on the store itself, not through a daemon."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=summary)
+    p.add_argument(
+        "--store",
+        default=os.environ.get("WARREN_BLOCKD_STORE"),
+        required="WARREN_BLOCKD_STORE" not in os.environ,
+        help="s3://BUCKET[/PREFIX] or file:///DIRECTORY",
+    )
+    p.add_argument("--s3-endpoint", default=os.environ.get("WARREN_BLOCKD_S3_ENDPOINT"))
+    return p
+
+
+def _store_commands(sub: Any) -> None:
+    r = _store_command(
+        sub,
+        "replicated",
+        "the newest write record of a workspace proven in the store, read from the store (JSON)",
+    )
+    r.add_argument("workspace")
+    r.set_defaults(func=replicated)
+    r = _store_command(sub, "release", "remove a deleted sandbox's workspace from the store (JSON)")
+    r.add_argument("workspace")
+    r.set_defaults(func=release)
+    g = _store_command(sub, "gc", "delete chunks no workspace references any more (JSON report)")
+    g.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE / timedelta(hours=1),
+        metavar="HOURS",
+        help="only chunks stored longer ago than this go (default %(default)s)",
+    )
+    g.add_argument("--dry-run", action="store_true", help="report what would go, delete nothing")
+    g.set_defaults(func=collect)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="warren-blockd", description=__doc__)
     top.add_argument("--version", action="version", version=__version__)
@@ -264,6 +369,7 @@ def parser() -> argparse.ArgumentParser:
         u.add_argument("workspace")
         u.add_argument("--wait-replicated", type=float, default=None, metavar="SECONDS")
     sub.add_parser("stats", help="per-workspace state as JSON")
+    _store_commands(sub)
     sub.add_parser("metrics", help="Prometheus exposition")
     for name in ("create", "fork", "mount", "restore", "unmount", "flush", "stats", "metrics"):
         sub.choices[name].set_defaults(func=call)

@@ -5,16 +5,18 @@ Layout under `workspaces/<id>/`:
                                      fork's first generation names its source's as its base
   log/<seq>                          write records after the newest manifest (create-only)
   refs/<generation>/<child>          forks standing on that generation (kept while named)
+  released                           the sandbox is gone: the id is refused from then on
 
 Chunks live once, in `chunks/`, shared by every workspace: a fork publishes the source's
-effective manifest under the child's id and copies no data.
+effective manifest under the child's id and copies no data; chunks nothing names any more
+are collected by gc.py.
 """
 
 from __future__ import annotations
 
 import json
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from warren_blockd.blobs.policy import PolicyStore
@@ -30,6 +32,21 @@ class WorkspaceExistsError(RuntimeError):
     pass
 
 
+class WorkspaceReleasedError(RuntimeError):
+    """The workspace was released: restore, fork and create refuse its id for good."""
+
+
+@dataclass
+class Released:
+    """What one `release` call did."""
+
+    workspace: str
+    found: bool  # False: nothing was stored under this id
+    records_deleted: int = 0
+    generations_deleted: int = 0
+    kept_for_forks: list[int] = field(default_factory=list)  # generations forks still stand on
+
+
 def _n(value: int) -> str:
     return f"{value:016d}"  # fixed width: listing order is numeric order
 
@@ -43,6 +60,17 @@ class Workspace:
     def prefix(self) -> str:
         return f"workspaces/{self.workspace_id}/"
 
+    @property
+    def _released_key(self) -> str:
+        return f"{self.prefix}released"
+
+    def _refuse_if_released(self) -> None:
+        # One HEAD on paths that already list and read manifests: cheap beside them.
+        if self.store.exists(self._released_key):
+            raise WorkspaceReleasedError(
+                f"workspace {self.workspace_id} was released; its id cannot be used again"
+            )
+
     def _manifest_key(self, generation: int, log_seq: int) -> str:
         # The log position is in the name: fork and restore learn it from a listing alone.
         return f"{self.prefix}manifests/{_n(generation)}-{_n(log_seq)}"
@@ -53,6 +81,8 @@ class Workspace:
         return manifest
 
     def _publish_generation(self, generation: int, log_seq: int, body: bytes) -> None:
+        if generation == 0:  # a new workspace: a released id's leftovers must not come back
+            self._refuse_if_released()
         try:
             self.store.put(self._manifest_key(generation, log_seq), body, create_only=True)
         except PreconditionFailedError:
@@ -62,6 +92,7 @@ class Workspace:
 
     def _generations(self) -> list[tuple[int, int, str]]:
         """(generation, log_seq, key) of every stored generation, oldest first."""
+        self._refuse_if_released()
         found = []
         for key in self.store.list(f"{self.prefix}manifests/"):
             generation, _, log_seq = key.rsplit("/", 1)[1].partition("-")
@@ -99,21 +130,35 @@ class Workspace:
             seq = record_seq
         return manifest
 
+    def replicated_seq(self) -> int:
+        """The newest write record proven in storage (0: none since the workspace was created
+        or forked). A `replicated` receipt names such a number, and restore brings back
+        every write at or below it."""
+        _, log_seq, _ = self._generations()[-1]
+        tail = self._tail(log_seq)
+        return int(tail[-1].rsplit("/", 1)[1]) if tail else log_seq
+
     def consolidate(self, keep: int = 3) -> Manifest:
         """Publish the effective manifest, flattened, as a new generation (the log tail then
         starts after it). Older generations beyond the newest `keep` are dropped unless a
-        fork still stands on them; log records stay as history."""
+        fork still stands on them; log records stay as history. A superseded generation
+        that names a base lets go of it unless a fork of ours still reads through it."""
         generations = self._generations()
         generation, log_seq, newest_key = generations[-1]
         if not self._tail(log_seq):
             return self.load(newest_key)  # nothing new since the last consolidation
         manifest = self.effective()
         self._publish_generation(generation + 1, manifest.log_seq, manifest.to_bytes())
-        self._release_base(newest_key)
+        if not self._forked(generation):
+            self._release_base(newest_key)
         for old_generation, _, old_key in generations[: -keep or None]:
-            if not self.store.list(f"{self.prefix}refs/{_n(old_generation)}/"):
+            if not self._forked(old_generation):
+                self._release_base(old_key)  # a fork that held it back has flattened since
                 self.store.delete(old_key)
         return manifest
+
+    def _forked(self, generation: int) -> bool:
+        return bool(self.store.list(f"{self.prefix}refs/{_n(generation)}/"))
 
     def _release_base(self, key: str) -> None:
         """Once flattened, a fork no longer stands on its source's generation."""
@@ -134,16 +179,73 @@ class Workspace:
         body = json.dumps({"version": 1, "base": key, "log_seq": 0, "extents": []}).encode()
 
         def one(child: str) -> str | None:
+            ref = f"{self.prefix}refs/{_n(generation)}/{child}"
             try:
                 # The reference first: a generation is never dropped under a fork.
-                self.store.put(f"{self.prefix}refs/{_n(generation)}/{child}", b"")
+                self.store.put(ref, b"")
+                # Then the marker, again: release writes its marker before it looks for
+                # references, so either it sees this one or this sees its marker.
+                if self.store.exists(self._released_key):
+                    self.store.delete(ref)
+                    raise WorkspaceReleasedError(f"workspace {self.workspace_id} was released")
                 Workspace(self.store, child)._publish_generation(0, 0, body)
                 return None
-            except (WorkspaceExistsError, BlobError) as exc:
+            except (WorkspaceExistsError, WorkspaceReleasedError) as exc:
+                # The id is taken. Unless by this very fork (a retry), the reference would
+                # hold the generation back for good.
+                if not self._stands_on(child, key):
+                    self.store.delete(ref)
+                return str(exc)
+            except BlobError as exc:  # the child may be published all the same: keep the reference
                 return str(exc)
 
         with ThreadPoolExecutor(min(32, max(1, len(child_ids)))) as pool:
             return dict(zip(child_ids, pool.map(one, child_ids), strict=True))
+
+    def _stands_on(self, child: str, key: str) -> bool:
+        """Whether `child` is a fork whose first generation names `key` as its base."""
+        try:
+            doc = json.loads(self.store.get(Workspace(self.store, child)._manifest_key(0, 0)))
+        except NotFoundError:
+            return False
+        return bool(doc.get("base") == key)
+
+    def release(self) -> Released:
+        """Remove this workspace from storage (its sandbox is gone); idempotent.
+
+        The marker goes first: from then on restore, fork and create refuse the id, and a
+        release cut short is finished by the next call (or the gc). Log records go, and
+        every generation no fork stands on; one a fork stands on stays until that fork
+        flattens, and a later call or the gc removes it. Chunks are left to the gc: other
+        workspaces may share them."""
+        keys = self.store.list(self.prefix)
+        if not keys:
+            return Released(self.workspace_id, found=False)
+        if self._released_key not in keys:
+            self.store.put(self._released_key, b"")
+            keys = self.store.list(self.prefix)  # references are read after the marker: see fork
+        result = Released(self.workspace_id, found=True)
+        records = [key for key in keys if key.startswith(f"{self.prefix}log/")]
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(self.store.delete, records))
+        result.records_deleted = len(records)
+        forked = {key.split("/")[3] for key in keys if key.startswith(f"{self.prefix}refs/")}
+        for key in keys:
+            if not key.startswith(f"{self.prefix}manifests/"):
+                continue
+            generation = key.rsplit("/", 1)[1].partition("-")[0]
+            if generation in forked:  # its fork reads through it, and through its own base
+                result.kept_for_forks.append(int(generation))
+                continue
+            try:
+                # Our reference on the source before the generation: cut short here, the
+                # next call still finds the generation and so the reference to drop.
+                self._release_base(key)
+            except NotFoundError:
+                continue  # a concurrent release got there first
+            self.store.delete(key)
+            result.generations_deleted += 1
+        return result
 
 
 class LogLane:

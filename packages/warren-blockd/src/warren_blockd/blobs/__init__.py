@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    key: str
+    size: int
+    modified: datetime  # when the object was last stored (timezone-aware)
 
 
 class BlobDriver(Protocol):
@@ -16,6 +25,15 @@ class BlobDriver(Protocol):
         ...
 
     def exists(self, key: str) -> bool: ...
+
+    def stat(self, key: str) -> datetime | None:
+        """When `key` was last stored (S3 LastModified, a file's mtime), None if it does not
+        exist. Storing the same key again moves it forward: the chunk gc relies on that."""
+        ...
+
+    def list_info(self, prefix: str) -> list[BlobInfo]:
+        """Every object under `prefix` with its size and stored time, sorted by key."""
+        ...
 
     def list(self, prefix: str, start_after: str = "") -> list[str]:
         """Keys under `prefix` sorted, only those after `start_after` when given."""

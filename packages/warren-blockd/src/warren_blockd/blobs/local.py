@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 
+from warren_blockd.blobs import BlobInfo
 from warren_blockd.errors import BlobError, NotFoundError, PreconditionFailedError
 
 
@@ -47,6 +49,22 @@ class LocalDriver:
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def stat(self, key: str) -> datetime | None:
+        try:
+            return datetime.fromtimestamp(self._path(key).stat().st_mtime, UTC)
+        except FileNotFoundError:
+            return None
+
+    def list_info(self, prefix: str) -> list[BlobInfo]:
+        found = []
+        for key in self.list(prefix):
+            try:
+                st = self._path(key).stat()
+            except FileNotFoundError:  # deleted since the walk
+                continue
+            found.append(BlobInfo(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC)))
+        return found
 
     def list(self, prefix: str, start_after: str = "") -> list[str]:
         base = self.root

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, ReadTimeoutError
 
+from warren_blockd.blobs import BlobInfo
 from warren_blockd.errors import BlobError, FatalError, NotFoundError, PreconditionFailedError, TransientError
 
 FATAL_CODES = {
@@ -85,25 +87,38 @@ class S3Driver:
             raise self._translate(key, exc) from None
 
     def exists(self, key: str) -> bool:
+        return self.stat(key) is not None
+
+    def stat(self, key: str) -> datetime | None:
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except (ClientError, BotoCoreError) as exc:
             error = self._translate(key, exc)
             if isinstance(error, NotFoundError):
-                return False
+                return None
             raise error from None
-        return True
+        modified: datetime = head["LastModified"]
+        return modified
 
-    def list(self, prefix: str, start_after: str = "") -> list[str]:
-        keys: list[str] = []
+    def _list(self, prefix: str, start_after: str = "") -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
         paginator = self.client.get_paginator("list_objects_v2")
         extra = {"StartAfter": self._key(start_after)} if start_after else {}
         try:
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix), **extra):
-                keys += [item["Key"][len(self.prefix) :] for item in page.get("Contents", [])]
+                items += page.get("Contents", [])
         except (ClientError, BotoCoreError) as exc:
             raise self._translate(prefix, exc) from None
-        return sorted(keys)
+        return sorted(items, key=lambda item: str(item["Key"]))
+
+    def list_info(self, prefix: str) -> list[BlobInfo]:
+        return [
+            BlobInfo(item["Key"][len(self.prefix) :], item["Size"], item["LastModified"])
+            for item in self._list(prefix)
+        ]
+
+    def list(self, prefix: str, start_after: str = "") -> list[str]:
+        return [item["Key"][len(self.prefix) :] for item in self._list(prefix, start_after)]
 
     def delete(self, key: str) -> None:
         try:
