@@ -17,6 +17,7 @@ from warren.cluster.local import BIN_DIR_RECORD, ClusterError, LocalCluster
 from warren.config import ConfigError, WarrenConfig, load_config
 
 if TYPE_CHECKING:
+    from warren.cluster.process import Supervisor
     from warren.controlplane.local import LocalControlPlane
     from warren.workspaces.local import LocalWorkspaces
 
@@ -210,6 +211,105 @@ def control_plane_down(config_path: Path | None) -> None:
     """Stop the control plane only (`warren cluster down` stops it too); its records and keys stay."""
     stopped = _control_plane(config_path).down()
     _say("stopped warren-control" if stopped else "warren-control was not running")
+
+
+@main.group("service")
+def service() -> None:
+    """Run a service unit (written by Warren's roles) without systemd, under Warren's supervisor."""
+
+
+state_dir_option = click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Where pid records and logs live; default: the local cluster's state (so "
+    "`warren cluster down` stops the service too).",
+)
+
+
+def _supervisor(state_dir: Path | None) -> Supervisor:
+    from warren.cluster.process import Supervisor
+
+    return Supervisor(state_dir or paths.cluster_state_dir())
+
+
+@service.command("up")
+@click.argument("unit_file", type=click.Path(path_type=Path, dir_okay=False))
+@state_dir_option
+@click.option("--health-url", default="", help="Healthy once this URL answers 200.")
+@click.option("--health-command", default="", help="Healthy once this command exits 0 (split like a shell).")
+@click.option("--timeout", type=int, default=120, show_default=True, help="Seconds to wait for health.")
+@click.option("--check", is_flag=True, help="Only say what would change (for ansible --check).")
+def service_up(  # noqa: PLR0917 (click passes every option by position)
+    unit_file: Path,
+    state_dir: Path | None,
+    health_url: str,
+    health_command: str,
+    timeout: int,
+    check: bool,
+) -> None:
+    """Start UNIT_FILE's ExecStart, or restart it if the unit or its environment changed, or
+    leave it. Prints one JSON line: name, action (unchanged|started|restarted), changed, pid."""
+    import json
+    import shlex
+
+    from warren.cluster.components import Health
+    from warren.services import runner, unit
+
+    try:
+        loaded = unit.load(unit_file)
+        health = Health(url=health_url, command=tuple(shlex.split(health_command)))
+        done = runner.up(
+            _supervisor(state_dir),
+            loaded,
+            health if (health_url or health_command) else None,
+            timeout=timeout,
+            progress=_say,
+            check=check,
+        )
+    except (unit.UnitError, ClusterError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(
+        json.dumps({"name": done.name, "action": done.action, "changed": done.changed, "pid": done.pid})
+    )
+
+
+@service.command("down")
+@click.argument("name")
+@state_dir_option
+@click.option("--unit-file", type=click.Path(path_type=Path, dir_okay=False), help="For its TimeoutStopSec.")
+def service_down(name: str, state_dir: Path | None, unit_file: Path | None) -> None:
+    """Stop the service NAME (SIGTERM, then SIGKILL after its stop timeout). Prints JSON."""
+    import json
+
+    from warren.services import runner, unit
+
+    loaded = unit.load(unit_file) if unit_file and unit_file.is_file() else None
+    stopped = runner.down(_supervisor(state_dir), loaded, name)
+    click.echo(json.dumps({"name": name, "changed": stopped}))
+
+
+@service.command("status")
+@click.argument("name")
+@state_dir_option
+def service_status(name: str, state_dir: Path | None) -> None:
+    """Whether NAME runs (JSON); exits 1 if it does not."""
+    import json
+
+    supervisor = _supervisor(state_dir)
+    record = supervisor.running(name)
+    click.echo(
+        json.dumps(
+            {
+                "name": name,
+                "running": record is not None,
+                "pid": record.pid if record else None,
+                "log": str(supervisor.log_path(name)),
+            }
+        )
+    )
+    if record is None:
+        sys.exit(1)
 
 
 @main.group("workspaces")
