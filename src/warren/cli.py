@@ -193,6 +193,30 @@ def control_plane_up(config_path: Path | None) -> None:
     click.echo("              (`warren sandbox ...` finds both by itself)")
 
 
+@control_plane.command("kubeconfig")
+@click.option(
+    "--admin-kubeconfig",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    required=True,
+    help="A kubeconfig that may read Secrets in warren-system (the cluster's admin).",
+)
+@click.option("--output", type=click.Path(path_type=Path, dir_okay=False), required=True)
+def control_plane_kubeconfig(admin_kubeconfig: Path, output: Path) -> None:
+    """Write (0600) a kubeconfig for the control plane's own ServiceAccount, warren-controller,
+    unless OUTPUT already holds it. Prints JSON saying whether it changed (for installers)."""
+    import json
+
+    from warren.controlplane import access
+    from warren.controlplane.local import write_private
+
+    try:
+        token = access.service_account_token(admin_kubeconfig)
+    except (access.AccessError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    changed = write_private(output, access.kubeconfig_for_token(admin_kubeconfig, token))
+    click.echo(json.dumps({"changed": changed, "path": str(output)}))
+
+
 @control_plane.command("status")
 @config_option
 def control_plane_status(config_path: Path | None) -> None:
@@ -240,6 +264,7 @@ def _supervisor(state_dir: Path | None) -> Supervisor:
 @click.option("--health-command", default="", help="Healthy once this command exits 0 (split like a shell).")
 @click.option("--timeout", type=int, default=120, show_default=True, help="Seconds to wait for health.")
 @click.option("--check", is_flag=True, help="Only say what would change (for ansible --check).")
+@click.option("--restart", is_flag=True, help="Restart even if unchanged (a file it reads changed).")
 def service_up(  # noqa: PLR0917 (click passes every option by position)
     unit_file: Path,
     state_dir: Path | None,
@@ -247,6 +272,7 @@ def service_up(  # noqa: PLR0917 (click passes every option by position)
     health_command: str,
     timeout: int,
     check: bool,
+    restart: bool,
 ) -> None:
     """Start UNIT_FILE's ExecStart, or restart it if the unit or its environment changed, or
     leave it. Prints one JSON line: name, action (unchanged|started|restarted), changed, pid."""
@@ -266,6 +292,7 @@ def service_up(  # noqa: PLR0917 (click passes every option by position)
             timeout=timeout,
             progress=_say,
             check=check,
+            restart=restart,
         )
     except (unit.UnitError, ClusterError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -388,6 +415,22 @@ def sandbox(args: tuple[str, ...]) -> None:
 # -- render / apply ----------------------------------------------------------------------
 
 
+@main.group("config")
+def config_group() -> None:
+    """The typed configuration every part is rendered from."""
+
+
+@config_group.command("show")
+@config_option
+def config_show(config_path: Path | None) -> None:
+    """Validate the configuration and print it, defaults filled in, as JSON (installers read
+    their ports and names from it, so Ansible and the CLI cannot disagree)."""
+    import json
+
+    cfg = _config(config_path)
+    click.echo(json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True))
+
+
 @main.command()
 @config_option
 @click.option(
@@ -410,8 +453,11 @@ def render(config_path: Path | None, out_dir: Path) -> None:
 @config_option
 @kubeconfig_option
 @click.option("--dry-run", is_flag=True, help="Server-side dry run: validate, change nothing.")
-def apply(config_path: Path | None, kubeconfig: Path | None, dry_run: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON (for installers).")
+def apply(config_path: Path | None, kubeconfig: Path | None, dry_run: bool, as_json: bool) -> None:
     """Apply the rendered objects with server-side apply."""
+    import json
+
     from warren import kube
     from warren.render import render as render_objects
 
@@ -419,10 +465,15 @@ def apply(config_path: Path | None, kubeconfig: Path | None, dry_run: bool) -> N
     objects = render_objects(cfg)
     try:
         api = kube.api_client(kubeconfig or paths.admin_kubeconfig())
-        applied = kube.apply(api, objects, progress=_say, dry_run=dry_run)
+        changed = kube.apply(api, objects, progress=_say, dry_run=dry_run)
     except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
         raise click.ClickException(str(exc)) from None
-    _say(f"{'validated' if dry_run else 'applied'} {len(applied)} objects")
+    verb = "would change" if dry_run else "changed"
+    _say(f"{'validated' if dry_run else 'applied'} {len(objects)} objects; {verb} {len(changed)}")
+    if as_json:
+        click.echo(
+            json.dumps({"changed": bool(changed), "objects": len(objects), "changed_objects": changed})
+        )
 
 
 # -- images ------------------------------------------------------------------------------

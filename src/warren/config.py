@@ -116,6 +116,14 @@ class WorkspacesConfig(_Model):
         return self.base_port + 3
 
 
+class DatabaseConfig(_Model):
+    """The control plane's records on the local deployment: PostgreSQL (the postgres role, on
+    loopback) or SQLite in the control plane's state (one process only)."""
+
+    engine: Literal["postgres", "sqlite"] = "postgres"
+    port: Port = 15432
+
+
 class ClusterConfig(_Model):
     """The local single-node cluster that `warren cluster up` runs."""
 
@@ -153,6 +161,7 @@ class ClusterConfig(_Model):
     node: NodeConfig = Field(default_factory=NodeConfig)
     control_plane: ControlPlaneConfig = Field(default_factory=ControlPlaneConfig)
     workspaces: WorkspacesConfig = Field(default_factory=WorkspacesConfig)
+    database: DatabaseConfig = Field(default_factory=DatabaseConfig)
 
     @property
     def sandbox_workspaces(self) -> bool:

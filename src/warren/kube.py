@@ -26,39 +26,64 @@ def api_client(kubeconfig: Path, as_user: str | None = None) -> client.ApiClient
     return api
 
 
+# What the server fills in or moves on every write: not part of "did this apply change it".
+_VOLATILE = ("resourceVersion", "managedFields", "generation", "creationTimestamp", "uid")
+
+
+def _content(obj: dict[str, Any] | None) -> dict[str, Any] | None:
+    if obj is None:
+        return None
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in _VOLATILE}
+    return {**obj, "metadata": meta}
+
+
 def apply(
     api: client.ApiClient,
     objects: Iterable[dict[str, Any]],
     progress: Callable[[str], None] = lambda _m: None,
     dry_run: bool = False,
 ) -> list[str]:
-    """Server-side apply each object in order; CRDs are waited for until Established."""
+    """Server-side apply each object in order; CRDs are waited for until Established.
+    Returns the labels of the objects this apply changed (or, with `dry_run`, would change)."""
     dyn = dynamic.DynamicClient(api)  # type: ignore[no-untyped-call]
-    applied = []
+    changed = []
     for obj in objects:
         kind, name = obj["kind"], obj["metadata"]["name"]
         namespace = obj["metadata"].get("namespace")
         resource = dyn.resources.get(api_version=obj["apiVersion"], kind=kind)
         try:
-            resource.server_side_apply(
+            before = _read(resource, name, namespace)
+            result = resource.server_side_apply(
                 body=obj,
                 name=name,
                 namespace=namespace,
                 field_manager=FIELD_MANAGER,
                 force_conflicts=True,
                 dry_run="All" if dry_run else None,
-            )
+            ).to_dict()
         except ApiException as exc:
             raise RuntimeError(
                 f"applying {kind} {name} failed: {exc.status} {exc.reason}: {exc.body}"
             ) from None
         label = f"{kind}/{name}" + (f" -n {namespace}" if namespace else "")
-        applied.append(label)
-        progress(f"applied {label}")
+        # A no-op server-side apply leaves the object (and its resourceVersion) as it was.
+        if _content(before) != _content(result):
+            changed.append(label)
+            progress(f"{'would change' if dry_run else 'applied'} {label}")
         if kind == "CustomResourceDefinition" and not dry_run:
             wait_crd_established(api, name)
             dyn = dynamic.DynamicClient(api)  # type: ignore[no-untyped-call]  # rediscover so the new kind resolves
-    return applied
+    return changed
+
+
+def _read(resource: Any, name: str, namespace: str | None) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = resource.get(name=name, namespace=namespace).to_dict()
+    except ApiException as exc:
+        if exc.status == 404:  # noqa: PLR2004
+            return None
+        raise
+    return found
 
 
 def wait_crd_established(api: client.ApiClient, name: str, timeout: float = 60) -> None:

@@ -22,7 +22,7 @@ from warren.cluster.pki import Leaf
 from warren.cluster.process import ProcessSpec, Supervisor, proc_start_time
 from warren.config import ClusterConfig, ConfigError, parse_config
 from warren.controlplane import access
-from warren.controlplane.local import PROCESS, LocalControlPlane, _write_private, layout
+from warren.controlplane.local import PROCESS, LocalControlPlane, write_private, layout
 
 SLEEP = (sys.executable, "-c", "import time; time.sleep(300)")
 
@@ -76,12 +76,12 @@ def test_up_without_a_cluster_names_the_steps(tmp_path: Path, monkeypatch: pytes
 
 def test_private_files_are_0600_and_written_only_when_changed(tmp_path: Path) -> None:
     path = tmp_path / "secret"
-    assert _write_private(path, "one\n")
+    assert write_private(path, "one\n")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     before = path.stat().st_mtime_ns
-    assert not _write_private(path, "one\n")
+    assert not write_private(path, "one\n")
     assert path.stat().st_mtime_ns == before
-    assert _write_private(path, "two\n")
+    assert write_private(path, "two\n")
     assert path.read_text() == "two\n"
 
 

@@ -39,7 +39,7 @@ WantedBy=multi-user.target
 def write_unit(tmp_path: Path, text: str | None = None, name: str = "svc") -> Path:
     env_file = tmp_path / f"{name}.env"
     if not env_file.exists():
-        env_file.write_text("# credentials\nSECRET='s3cret'\nB=from-file\n")
+        env_file.write_text("# credentials\nROTATES='v1'\nB=from-file\n")
     path = tmp_path / f"{name}.service"
     path.write_text((text or UNIT).format(env_file=env_file))
     return path
@@ -51,7 +51,7 @@ def test_a_unit_reads_as_systemd_would(tmp_path: Path) -> None:
     assert unit.argv == ("/bin/sleep", "300")
     assert unit.stop_timeout_s == 180
     # The environment file comes after Environment= and wins, as in systemd.
-    assert unit.environment() == {"A": "one two", "B": "from-file", "SECRET": "s3cret"}
+    assert unit.environment() == {"A": "one two", "B": "from-file", "ROTATES": "v1"}
 
 
 @pytest.mark.parametrize(
@@ -87,18 +87,18 @@ def test_up_starts_leaves_restarts_and_down_stops(tmp_path: Path) -> None:
     path = write_unit(tmp_path)
     started = runner.up(supervisor, load(path), None, timeout=10)
     assert (started.action, started.changed) == ("started", True)
-    assert started.pid is not None and environ_of(started.pid)["SECRET"] == "s3cret"
+    assert started.pid is not None and environ_of(started.pid)["ROTATES"] == "v1"
 
     again = runner.up(supervisor, load(path), None, timeout=10)
     assert (again.action, again.pid) == ("unchanged", started.pid)
 
     # A rotated credential: check mode says so and changes nothing; up restarts.
-    (tmp_path / "svc.env").write_text("SECRET=rotated\n")
+    (tmp_path / "svc.env").write_text("ROTATES=rotated\n")
     planned = runner.up(supervisor, load(path), None, timeout=10, check=True)
     assert (planned.action, planned.pid) == ("restarted", started.pid)
     restarted = runner.up(supervisor, load(path), None, timeout=10)
     assert restarted.action == "restarted" and restarted.pid not in (None, started.pid)
-    assert restarted.pid is not None and environ_of(restarted.pid)["SECRET"] == "rotated"
+    assert restarted.pid is not None and environ_of(restarted.pid)["ROTATES"] == "rotated"
     with pytest.raises(ProcessLookupError):
         os.kill(started.pid, 0)
 
@@ -130,3 +130,12 @@ def test_the_cli_prints_what_it_did_as_json(tmp_path: Path) -> None:
     down = cli.invoke(main, ["service", "down", "cli", "--state-dir", state])
     assert json.loads(down.stdout) == {"name": "cli", "changed": True}
     assert cli.invoke(main, ["service", "status", "cli", "--state-dir", state]).exit_code == 1
+
+
+def test_restart_is_forced_when_asked(tmp_path: Path) -> None:
+    supervisor = Supervisor(tmp_path / "state")
+    path = write_unit(tmp_path, "[Service]\nExecStart=/bin/sleep 300\n", name="forced")
+    first = runner.up(supervisor, load(path), None, timeout=10)
+    again = runner.up(supervisor, load(path), None, timeout=10, restart=True)
+    assert again.action == "restarted" and again.pid != first.pid
+    supervisor.stop("forced")

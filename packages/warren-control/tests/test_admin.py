@@ -148,3 +148,16 @@ def test_a_key_file_that_cannot_be_written_leaves_no_organization(records_url: s
         assert store.get_org_by_name(session, "default") is None
     # The next run starts over.
     assert admin.bootstrap(records_url, tmp_path / "api-key") is not None
+
+
+def test_bootstrap_from_the_command_line_says_whether_it_acted(
+    records_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_file = tmp_path / "first-key"
+    code, out, _ = run(capsys, records_url, "bootstrap", "--key-file", str(key_file), "--org", "boot")
+    assert code == 0 and json.loads(out) == {"changed": True, "org": "boot", "key_file": str(key_file)}
+    token = key_file.read_text().strip()
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    code, out, _ = run(capsys, records_url, "bootstrap", "--key-file", str(key_file), "--org", "boot")
+    assert code == 0 and json.loads(out)["changed"] is False
+    assert key_file.read_text().strip() == token

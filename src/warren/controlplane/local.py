@@ -71,7 +71,7 @@ def layout(cluster_state: Path) -> Layout:
     return Layout(cluster_state / STATE)
 
 
-def _write_private(path: Path, text: str) -> bool:
+def write_private(path: Path, text: str) -> bool:
     """Write a 0600 file unless it already holds exactly `text`; True if it was written."""
     from warren_control.admin import write_secret
 
@@ -167,14 +167,14 @@ class LocalControlPlane:
         # The process reads these files when it starts: a new one means a restart.
         renewed = False
         if not self.layout.stamp_key.is_file():
-            renewed = _write_private(self.layout.stamp_key, secrets.token_urlsafe(48) + "\n")
+            renewed = write_private(self.layout.stamp_key, secrets.token_urlsafe(48) + "\n")
             self.progress(f"made the identity stamp key {self.layout.stamp_key}")
         try:
             token = access.service_account_token(admin_kubeconfig)
         except (access.AccessError, OSError) as exc:
             raise ClusterError(str(exc)) from None
         kubeconfig = access.kubeconfig_for_token(admin_kubeconfig, token)
-        if _write_private(self.layout.kubeconfig, kubeconfig):
+        if write_private(self.layout.kubeconfig, kubeconfig):
             renewed = True
             self.progress(f"wrote {self.layout.kubeconfig} ({access.NAMESPACE}/{access.SERVICE_ACCOUNT})")
         from warren_control.admin import bootstrap
@@ -187,7 +187,7 @@ class LocalControlPlane:
                 f"{self.layout.api_key} is gone (its key works until revoked); issue another with "
                 f"`warren-control admin issue-key {ORG} {USER} --database-url {self.layout.database_url}`"
             )
-        _write_private(self.layout.url, self.url + "\n")
+        write_private(self.layout.url, self.url + "\n")
         if renewed and self.supervisor.stop(PROCESS):
             self.progress(f"{PROCESS}: stopped to start again with its new credentials")
         timeout = self.config.cluster.ready_timeout_seconds

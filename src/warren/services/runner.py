@@ -42,12 +42,12 @@ def spec_for(unit: Unit) -> ProcessSpec:
     return ProcessSpec(unit.name, argv, env=unit.environment(), cwd=unit.cwd)
 
 
-def plan(supervisor: Supervisor, unit: Unit, health: Health | None) -> Action:
-    """What `up` would do now."""
+def plan(supervisor: Supervisor, unit: Unit, health: Health | None, *, restart: bool = False) -> Action:
+    """What `up` would do now (`restart`: a file the service reads changed)."""
     record = supervisor.running(unit.name)
     if record is None:
         return "started"
-    if record.digest != spec_for(unit).digest:
+    if restart or record.digest != spec_for(unit).digest:
         return "restarted"
     if health is not None and not probe(health)[0]:
         return "restarted"
@@ -62,10 +62,11 @@ def up(
     timeout: int,
     progress: Callable[[str], None] = lambda _m: None,
     check: bool = False,
+    restart: bool = False,
 ) -> Outcome:
     """Leave a running, current, healthy service alone; else (re)start it and wait until
     it is healthy. With `check`, only say what would happen."""
-    action = plan(supervisor, unit, health)
+    action = plan(supervisor, unit, health, restart=restart)
     if check or action == "unchanged":
         record = supervisor.running(unit.name)
         return Outcome(unit.name, action, record.pid if record else None)

@@ -107,7 +107,15 @@ class LocalWorkspaces:
     def objects(self) -> Component:
         base = self.settings.base_port
         ports = [f"-{name}.port={base + i}" for i, name in enumerate(SEAWEED_PORTS)]
-        argv = (self._tool("weed"), "mini", f"-dir={self.layout.objects}", "-ip=127.0.0.1", *ports)
+        # No anonymous usage reports: the store never calls out of the machine.
+        argv = (
+            self._tool("weed"),
+            "mini",
+            f"-dir={self.layout.objects}",
+            "-ip=127.0.0.1",
+            "-master.telemetry=false",
+            *ports,
+        )
         return Component(
             ProcessSpec(OBJECTS, argv),
             Health(f"http://127.0.0.1:{base}/cluster/status"),

@@ -42,7 +42,14 @@ class Weed:
     def start(self) -> None:
         log = (self.data / "weed.log").open("ab")
         self.proc = subprocess.Popen(
-            [self.binary, "mini", f"-dir={self.data}", "-ip=127.0.0.1", f"-s3.port={self.port}"],
+            [
+                self.binary,
+                "mini",
+                f"-dir={self.data}",
+                "-ip=127.0.0.1",
+                "-master.telemetry=false",
+                f"-s3.port={self.port}",
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the database layer is imported when an admin command runs, not for every command
@@ -72,6 +73,15 @@ def admin_migrate(args: argparse.Namespace) -> int:
 
     db.upgrade(_url(args))
     print("records schema is up to date", file=sys.stderr)
+    return 0
+
+
+def admin_bootstrap(args: argparse.Namespace) -> int:
+    """For installers (the control_plane role): idempotent, says on stdout whether it acted."""
+    from warren_control import admin
+
+    issued = admin.bootstrap(_url(args), Path(args.key_file), org_name=args.org, subject=args.user)
+    print(json.dumps({"changed": issued is not None, "org": args.org, "key_file": args.key_file}))
     return 0
 
 
@@ -154,6 +164,16 @@ def add_admin_parser(commands: Any) -> None:
         return parser
 
     action("migrate", admin_migrate, "bring the records schema up to date")
+
+    boot = action(
+        "bootstrap",
+        admin_bootstrap,
+        "migrate; on the first run make an organization, a user and an API key saved to a 0600 "
+        "file (JSON on stdout says whether anything was made)",
+    )
+    boot.add_argument("--key-file", required=True, help="where the first API key is written (0600)")
+    boot.add_argument("--org", default="default", help="the first organization's name")
+    boot.add_argument("--user", default="admin", help="the first user's subject")
 
     org = action("create-org", admin_create_org, "create an organization; prints its id")
     org.add_argument("name")
