@@ -92,6 +92,17 @@ def make_bucket(endpoint: str) -> str:
     while True:  # the S3 gateway accepts connections before its filer is ready
         try:
             client.create_bucket(Bucket=name)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    # A bucket just made can answer its first writes with InternalError for a moment on a
+    # busy machine (seen under load): a test starts once a write has gone through.
+    while True:
+        try:
+            client.put_object(Bucket=name, Key=".ready", Body=b"")
+            client.delete_object(Bucket=name, Key=".ready")
             return name
         except Exception:
             if time.monotonic() > deadline:
