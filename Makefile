@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export WARREN_CACHE ?= $(HOME)/.cache/warren
 
-.PHONY: deploy down test lint unit blockd control cluster-test scale binaries venv clean bench-runtime bench-blockd bench-control bench-workspace pulumi-unit
+.PHONY: deploy down test lint unit blockd control cluster-test scale binaries venv clean bench-runtime bench-blockd bench-control bench-workspace pulumi-unit ansible-test
 BLOCKD := packages/warren-blockd
 CONTROL := packages/warren-control
 PULUMI := components
@@ -27,17 +27,14 @@ $(VENV)/.control-installed: $(VENV)/.installed $(CONTROL)/pyproject.toml
 binaries:
 	tools/build-cluster-binaries.sh
 
-## The main job: the local cluster, the isolation floor applied, the workspace layer
-## (SeaweedFS, warren-blockd, its CSI plugin) on the node, the control plane on top.
-## It ends by printing the API endpoint and where its first API key is.
+## The main job: the whole platform on this machine through Ansible (playbooks/site.yml with
+## the local inventory): the local cluster with the isolation floor, the platform's objects,
+## the object store, the workspace daemon and its CSI plugin, the control plane. It ends by
+## printing the API endpoint and where its first API key is.
 deploy: venv $(BLOCKD)/.venv/.installed
 	bin_dir=$$(tools/build-cluster-binaries.sh); \
-	$(BIN)/warren cluster up --bin-dir "$$bin_dir"; \
-	$(BIN)/warren apply; \
-	echo "kubeconfig: $$($(BIN)/warren cluster kubeconfig)"; \
-	echo "kubectl:    $$bin_dir/kubectl"; \
-	$(BIN)/warren workspaces up; \
-	$(BIN)/warren control-plane up
+	WARREN_BIN_DIR="$$bin_dir" ANSIBLE_CONFIG=$(CURDIR)/ansible.cfg \
+	  $(BIN)/ansible-playbook -i inventories/local/hosts.yml playbooks/site.yml
 
 down: venv
 	$(BIN)/warren cluster down
@@ -57,6 +54,11 @@ lint: venv
 
 unit: venv
 	$(BIN)/pytest tests/unit
+
+# Warren's roles applied to this machine with ansible-playbook (as root), each against
+# temporary directories and ports, its services under Warren's supervisor. Not in `test` yet.
+ansible-test: venv
+	$(BIN)/pytest -m ansible tests/ansible
 
 # Each package has its own environment: boto3's and kubernetes' pins cannot share one.
 # blockd's CSI stubs are generated here (git-ignored) from the .proto files of the Go
@@ -103,6 +105,19 @@ pulumi-unit: $(PULUMI)/.venv/.installed
 	cd $(PULUMI) && .venv/bin/mypy ../infra
 	cd $(PULUMI) && .venv/bin/mypy ../policy
 	$(PULUMI)/.venv/bin/pytest tests/pulumi
+
+## The air-gapped bundle (docs/air-gapped.md): wheels, Debian packages, the Go binaries and
+## the images in one archive. Slow parts are cached under $(WARREN_CACHE)/bundle.
+.PHONY: bundle bundle-test
+BUNDLE ?= dist/warren-bundle.tar.gz
+bundle: venv
+	$(BIN)/warren bundle build --output $(BUNDLE)
+
+# An install from that bundle inside a network namespace with only loopback (as root):
+# three environments from its wheels, apt from its repository alone, its binaries and
+# images. Not in `test` yet.
+bundle-test: bundle
+	WARREN_BUNDLE=$(BUNDLE) $(BIN)/pytest -m bundle tests/bundle
 
 ## Benchmarks write JSON to bench/results/ (ratios against a baseline from the same run).
 bench-runtime: venv

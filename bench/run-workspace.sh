@@ -9,13 +9,13 @@ bin_dir=$(tools/build-cluster-binaries.sh)
 export WARREN_BIN_DIR=$bin_dir
 WARREN_HOME=$(mktemp -d "${TMPDIR:-/tmp}/warren-bench-workspace.XXXXXX")
 export WARREN_HOME
+chmod 0711 "$WARREN_HOME"  # PostgreSQL's own user reaches its data under it
 config=$PWD/tests/cluster/warren-test.yaml
 cleanup() { "$venv/warren" cluster down --wipe --config "$config" || true; rm -rf --one-file-system "$WARREN_HOME"; }
 trap cleanup EXIT
-"$venv/warren" cluster up --config "$config"
-"$venv/warren" apply --config "$config"
-"$venv/warren" workspaces up --config "$config"
-"$venv/warren" control-plane up --config "$config"
+WARREN_CONFIG=$config ANSIBLE_CONFIG=$PWD/ansible.cfg \
+  "$venv/ansible-playbook" -i inventories/local/hosts.yml playbooks/site.yml > "$WARREN_HOME/site.log" \
+  || { tail -60 "$WARREN_HOME/site.log"; exit 1; }
 state=$WARREN_HOME/cluster/control-plane
 image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(busybox_image())')
 "$venv/python" bench/workspace.py --url "$(cat "$state/url")" --api-key "$(cat "$state/api-key")" \

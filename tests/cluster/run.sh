@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# The cluster tier: build (or reuse) the pinned binaries, bring a throw-away local cluster
-# up on its own ports and state directory, apply the floor, deploy the workspace layer and the
-# control plane, run
-# the conformance suite, the control plane's acceptance path and the lifecycle tests, and
-# take the cluster down again, also when something fails.
+# The cluster tier: build (or reuse) the pinned binaries, deploy the whole platform with
+# Ansible (site.yml, local inventory) on its own ports and state directory, run the
+# conformance suite, the control plane's acceptance path, the Ansible convergence checks and
+# the lifecycle tests, and take the cluster down again, also when something fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 venv=$PWD/.venv/bin
@@ -11,6 +10,9 @@ bin_dir=$(tools/build-cluster-binaries.sh)
 export WARREN_BIN_DIR=$bin_dir PATH=$bin_dir:$PATH
 WARREN_HOME=$(mktemp -d "${TMPDIR:-/tmp}/warren-cluster-tier.XXXXXX")
 export WARREN_HOME
+# PostgreSQL runs as its own user with its data under $WARREN_HOME: let it through (mktemp
+# made the directory 0700; /var/lib/warren, the default, is 0755).
+chmod 0711 "$WARREN_HOME"
 export WARREN_TEST_CONFIG=$PWD/tests/cluster/warren-test.yaml
 results=$PWD/test-results
 mkdir -p "$results"
@@ -21,12 +23,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$venv/warren" cluster up --config "$WARREN_TEST_CONFIG"
-"$venv/warren" apply --config "$WARREN_TEST_CONFIG"
-# The workspace layer and the control plane as `make deploy` runs them (SeaweedFS, blockd and
-# its CSI plugin on the node; records, keys and process under $WARREN_HOME).
-"$venv/warren" workspaces up --config "$WARREN_TEST_CONFIG"
-"$venv/warren" control-plane up --config "$WARREN_TEST_CONFIG"
+# The whole platform as `make deploy` deploys it: playbooks/site.yml with the local inventory
+# (the local cluster, the platform's objects, SeaweedFS, blockd and its CSI plugin, the
+# control plane), its state under $WARREN_HOME, its settings from $WARREN_CONFIG.
+export WARREN_CONFIG=$WARREN_TEST_CONFIG ANSIBLE_CONFIG=$PWD/ansible.cfg
+if ! "$venv/ansible-playbook" -i inventories/local/hosts.yml playbooks/site.yml > "$results/site-first-run.log"; then
+  tail -60 "$results/site-first-run.log"
+  exit 1
+fi
+grep -A1 "PLAY RECAP" "$results/site-first-run.log"
 # The node is this machine: start real gVisor pods and prove the egress floor against test
 # hosts made here in network namespaces.
 image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(busybox_image())')

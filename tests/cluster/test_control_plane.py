@@ -1,9 +1,9 @@
 """The control plane deployed on the local cluster as `make deploy` deploys it (tests/cluster/run.sh
-runs `warren control-plane up` after `cluster up` and `apply`), and the issue's acceptance path
-through the `warren sandbox` CLI against it: create a sandbox, `echo hi` in it, fork it twice, read
-a file from a child, delete all three.
+runs playbooks/site.yml with the local inventory), and the issue's acceptance path through the
+`warren sandbox` CLI against it: create a sandbox, `echo hi` in it, fork it, read a file from
+the children, delete them all.
 
-Forking needs the workspace layer (`warren workspaces up`, which run.sh runs too). With it, the
+Forking needs the workspace layer (the object_store and blockd roles). With it, the
 parent writes a file in /workspace, is forked twice in one call and once more, every child sees
 the file, a change in one child shows in no other sandbox, and all four are deleted. A deployment
 without it (`cluster.workspaces.enabled: false`) must refuse the fork with exactly the API's named
@@ -12,7 +12,6 @@ without it (`cluster.workspaces.enabled: false`) must refuse the fork with exact
 from __future__ import annotations
 
 import json
-import stat
 import subprocess
 import sys
 import time
@@ -20,10 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from warren.config import ClusterConfig
-from warren.controlplane.local import PROCESS, layout
+from warren.controlplane.local import layout
 
 pytestmark = pytest.mark.cluster
 
@@ -57,45 +55,6 @@ def read(env: dict[str, str], sandbox_id: str, path: str) -> bytes:
     got = sandbox(env, "read-file", sandbox_id, path)
     assert got.returncode == 0, got.stderr.decode()
     return got.stdout
-
-
-def record_pid(state: Path, name: str = PROCESS) -> int:
-    return int(json.loads((state / "run" / f"{name}.json").read_text())["pid"])
-
-
-def test_deployed_once_and_up_again_changes_nothing(env: dict[str, str], state: Path) -> None:
-    files = layout(state)
-    config = env["WARREN_TEST_CONFIG"]
-    ok(run(env, "warren", "control-plane", "status", "--config", config))
-    key = files.api_key.read_text().strip()
-    assert key.startswith("wk_")
-    before = {p: p.stat().st_mtime_ns for p in (files.api_key, files.stamp_key, files.kubeconfig)}
-    pid = record_pid(state)
-
-    # The workspace layer's second `up` leaves its processes (and the bucket) as they are.
-    layer_pids = {
-        name: record_pid(state, name) for name in ("warren-objects", "warren-blockd", "warren-blockd-csi")
-    }
-    ok(run(env, "warren", "workspaces", "up", "--config", config))
-    assert {name: record_pid(state, name) for name in layer_pids} == layer_pids
-
-    again = run(env, "warren", "control-plane", "up", "--config", config)
-    out = ok(again)
-    assert record_pid(state) == pid
-    assert f"{PROCESS}: running (pid {pid})" in again.stderr.decode()
-    assert {p: p.stat().st_mtime_ns for p in before} == before
-    assert files.api_key.read_text().strip() == key
-    # Where the endpoint and key are, never the key itself (not a terminal: no echo of it).
-    assert "WARREN_URL=http://127.0.0.1:" in out and str(files.api_key) in out
-    assert key not in out + again.stderr.decode()
-    assert key not in (state / "logs" / f"{PROCESS}.log").read_text(errors="replace")
-
-    assert stat.S_IMODE(files.root.stat().st_mode) == 0o700
-    for secret in (files.api_key, files.stamp_key, files.kubeconfig):
-        assert stat.S_IMODE(secret.stat().st_mode) == 0o600, secret
-    # The control plane acts as its own ServiceAccount, not as the cluster's admin.
-    kubeconfig = yaml.safe_load(files.kubeconfig.read_text())
-    assert [set(u["user"]) for u in kubeconfig["users"]] == [{"token"}]
 
 
 def test_admin_commands_on_the_live_records(env: dict[str, str], state: Path) -> None:

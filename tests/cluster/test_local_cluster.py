@@ -126,7 +126,7 @@ def test_status_reports_every_component_healthy(env: dict[str, str]) -> None:
 
 def test_up_again_changes_nothing(env: dict[str, str]) -> None:
     before = pids(env)
-    # run.sh deploys the workspace layer and the control plane too; they keep their records
+    # run.sh deploys the rest of the platform too (site.yml): its services keep their records
     # beside the cluster's.
     assert set(before) == {
         *COMPONENTS,
@@ -134,6 +134,7 @@ def test_up_again_changes_nothing(env: dict[str, str]) -> None:
         "warren-blockd",
         "warren-blockd-csi",
         "warren-control",
+        "warren-postgres",
     }
     result = warren("cluster", "up", "--config", env["WARREN_TEST_CONFIG"])
     assert pids(env) == before

@@ -77,3 +77,10 @@ def test_egress_blocked_split_by_family() -> None:
     assert "10.0.0.0/8" in v4 and "203.0.113.7/32" in v4
     assert all(":" not in c for c in v4)
     assert "fc00::/7" in config.egress.blocked(6)
+
+
+def test_bad_workspace_settings_are_refused_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match="bucket"):
+        parse_config({"cluster": {"workspaces": {"bucket": "No_Such"}}})
+    with pytest.raises(ConfigError, match="base_port"):
+        parse_config({"cluster": {"workspaces": {"base_port": 80}}})

@@ -1,5 +1,5 @@
-"""The local control plane's process and files, `warren sandbox` finding the local deployment,
-and `cluster down` stopping the control plane before the node it uses (no cluster needed)."""
+"""The local control plane's files, `warren sandbox` finding the local deployment, and
+`cluster down` stopping the control plane before the node it uses (no cluster needed)."""
 
 from __future__ import annotations
 
@@ -22,56 +22,14 @@ from warren.cluster.pki import Leaf
 from warren.cluster.process import ProcessSpec, Supervisor, proc_start_time
 from warren.config import ClusterConfig, ConfigError, parse_config
 from warren.controlplane import access
-from warren.controlplane.local import PROCESS, LocalControlPlane, write_private, layout
+from warren.controlplane.local import PROCESS, layout, write_private
 
 SLEEP = (sys.executable, "-c", "import time; time.sleep(300)")
-
-
-def test_the_process_takes_its_settings_from_the_configuration(tmp_path: Path) -> None:
-    config = parse_config(
-        {
-            "cluster": {"control_plane": {"edge_port": 18080, "api_port": 18081}},
-            "isolation": {"default_namespace": "team-sandboxes"},
-        }
-    )
-    plane = LocalControlPlane(config, tmp_path)
-    argv = plane.component().spec.argv
-    assert argv[:4] == (sys.executable, "-m", "warren_control.cli", "serve")
-    for arg in (
-        "--role=all",
-        "--host=127.0.0.1",
-        "--port=18080",
-        "--api-port=18081",
-        "--sandbox-namespace=team-sandboxes",
-        "--image-pull-policy=Never",
-        f"--database-url=sqlite:///{tmp_path / 'control-plane' / 'records.db'}",
-        f"--stamp-key-file={tmp_path / 'control-plane' / 'stamp.key'}",
-        f"--kubeconfig={tmp_path / 'control-plane' / 'controller.kubeconfig'}",
-    ):
-        assert arg in argv
-    assert "--workspaces" in argv  # the workspace layer is deployed by default
-    assert plane.url == "http://127.0.0.1:18080"
-    assert plane.component().health.url == "http://127.0.0.1:18081/healthz"
-    # Its record and log sit with the cluster's, so `cluster down` finds it.
-    assert plane.log == tmp_path / "logs" / "warren-control.log"
-
-    without_layer = parse_config({"cluster": {"workspaces": {"enabled": False}}})
-    assert "--workspaces" not in LocalControlPlane(without_layer, tmp_path).component().spec.argv
-    refused = parse_config({"cluster": {"control_plane": {"workspaces": False}}})
-    assert "--workspaces" not in LocalControlPlane(refused, tmp_path).component().spec.argv
 
 
 def test_ports_must_differ() -> None:
     with pytest.raises(ConfigError, match=r"cluster\.control_plane: edge_port and api_port must differ"):
         parse_config({"cluster": {"control_plane": {"edge_port": 9000, "api_port": 9000}}})
-
-
-def test_up_without_a_cluster_names_the_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WARREN_HOME", str(tmp_path))
-    result = CliRunner().invoke(main, ["control-plane", "up"])
-    assert result.exit_code == 1
-    assert "warren cluster up" in result.output and "warren apply" in result.output
-    assert not (tmp_path / "cluster" / "control-plane").exists()
 
 
 def test_private_files_are_0600_and_written_only_when_changed(tmp_path: Path) -> None:

@@ -139,3 +139,13 @@ def test_restart_is_forced_when_asked(tmp_path: Path) -> None:
     again = runner.up(supervisor, load(path), None, timeout=10, restart=True)
     assert again.action == "restarted" and again.pid != first.pid
     supervisor.stop("forced")
+
+
+def test_a_kill_signal_is_read_and_a_wrong_one_named() -> None:
+    import signal
+
+    unit = parse("[Service]\nExecStart=/bin/true\nKillSignal=SIGINT\n", "pg")
+    assert unit.kill_signal is signal.SIGINT
+    assert parse("[Service]\nExecStart=/bin/true\nKillSignal=INT\n", "pg").kill_signal is signal.SIGINT
+    with pytest.raises(UnitError, match="not a signal name"):
+        parse("[Service]\nExecStart=/bin/true\nKillSignal=SIGNOPE\n", "pg")

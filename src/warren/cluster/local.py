@@ -181,7 +181,13 @@ def wait_healthy(
     )
 
 
-EXTRAS_ORDER = {"warren-control": 0, "warren-blockd-csi": 1, "warren-blockd": 2, "warren-objects": 3}
+EXTRAS_ORDER = {
+    "warren-control": 0,
+    "warren-blockd-csi": 1,
+    "warren-blockd": 2,
+    "warren-objects": 3,
+    "warren-postgres": 4,
+}
 EXTRAS_STOP_TIMEOUT = {"warren-blockd": 180.0}
 
 

@@ -102,13 +102,13 @@ class Supervisor:
         tmp.replace(self.record_path(spec.name))
         return record
 
-    def stop(self, name: str, timeout: float = 20.0) -> bool:
-        """Stop our process by name: SIGTERM, then SIGKILL. True if one was running."""
+    def stop(self, name: str, timeout: float = 20.0, first: signal.Signals = signal.SIGTERM) -> bool:
+        """Stop our process by name: `first` (SIGTERM), then SIGKILL. True if one was running."""
         record = self.running(name)
         was_running = record is not None
         if record is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(record.pid, signal.SIGTERM)
+                os.kill(record.pid, first)
             deadline = time.monotonic() + timeout
             while proc_start_time(record.pid) == record.start_time:
                 if time.monotonic() > deadline:

@@ -71,7 +71,7 @@ def up(
         record = supervisor.running(unit.name)
         return Outcome(unit.name, action, record.pid if record else None)
     if action == "restarted":
-        supervisor.stop(unit.name, timeout=unit.stop_timeout_s)
+        supervisor.stop(unit.name, timeout=unit.stop_timeout_s, first=unit.kill_signal)
     # No health given: running is healthy enough.
     component = Component(spec_for(unit), health or Health(command=("true",)))
     ensure_running(supervisor, component, timeout, progress)
@@ -80,4 +80,6 @@ def up(
 
 
 def down(supervisor: Supervisor, unit: Unit | None, name: str) -> bool:
-    return supervisor.stop(name, timeout=unit.stop_timeout_s if unit else 90.0)
+    if unit is None:
+        return supervisor.stop(name, timeout=90.0)
+    return supervisor.stop(name, timeout=unit.stop_timeout_s, first=unit.kill_signal)

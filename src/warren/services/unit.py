@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,15 @@ SYSTEMD_ONLY = {
     "ProtectHome",
     "PrivateTmp",
 }
-UNDERSTOOD = {"ExecStart", "Environment", "EnvironmentFile", "WorkingDirectory", "User", "TimeoutStopSec"}
+UNDERSTOOD = {
+    "ExecStart",
+    "Environment",
+    "EnvironmentFile",
+    "WorkingDirectory",
+    "User",
+    "TimeoutStopSec",
+    "KillSignal",
+}
 _DURATION = re.compile(r"^(\d+)\s*(s|sec|min|m)?$")
 
 
@@ -45,6 +54,7 @@ class Unit:
     cwd: Path | None = None
     user: str | None = None
     stop_timeout_s: float = 90.0  # systemd's default
+    kill_signal: signal.Signals = signal.SIGTERM
     source: str = ""
 
     def environment(self) -> dict[str, str]:
@@ -127,6 +137,11 @@ def parse(text: str, name: str) -> Unit:
     cwd = service.get("WorkingDirectory", [None])[-1]
     user = service.get("User", [None])[-1]
     timeout = service.get("TimeoutStopSec")
+    kill = service.get("KillSignal", ["SIGTERM"])[-1]
+    try:
+        kill_signal = signal.Signals[kill if kill.startswith("SIG") else f"SIG{kill}"]
+    except KeyError:
+        raise UnitError(f"{name}: KillSignal={kill} is not a signal name (like SIGINT)") from None
     return Unit(
         name=name,
         argv=argv,
@@ -135,6 +150,7 @@ def parse(text: str, name: str) -> Unit:
         cwd=Path(cwd) if cwd else None,
         user=user if user and user != "root" else None,
         stop_timeout_s=_duration(timeout[-1], name) if timeout else 90.0,
+        kill_signal=kill_signal,
         source=text,
     )
 

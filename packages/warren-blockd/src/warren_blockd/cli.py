@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
@@ -100,7 +101,14 @@ def serve(args: argparse.Namespace) -> int:
     log.info("stopping: unmounting workspaces")
     server.shutdown()
     daemon.shutdown()
-    subprocess.run(["fusermount3", "-u", str(daemon.fuse_dir)], check=False)
+    # Loop devices let go of the FUSE files a moment after their detach: retry, and detach
+    # lazily at last, so no mount outlives the daemon (a dead one answers ENOTCONN).
+    for _ in range(20):
+        if subprocess.run(["fusermount3", "-u", str(daemon.fuse_dir)], check=False).returncode == 0:
+            break
+        time.sleep(0.25)
+    else:
+        subprocess.run(["fusermount3", "-u", "-z", str(daemon.fuse_dir)], check=False)
     fuse.join(10)
     return 0
 

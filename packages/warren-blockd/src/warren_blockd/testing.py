@@ -47,6 +47,7 @@ class Weed:
                 "mini",
                 f"-dir={self.data}",
                 "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",  # every server, gRPC included, on loopback only
                 "-master.telemetry=false",
                 f"-s3.port={self.port}",
             ],

@@ -6,7 +6,8 @@ the node starts again and the same sandbox comes back with every byte the receip
 restored from the object store. The API's answer for what object storage proves, read before
 the loss, names at least the receipt's sequence, and still does after.
 
-This runs last in the tier (file order): it takes every pod of the node down with it."""
+It runs before test_local_cluster.py (file order), whose last tests take the cluster down, and
+after the acceptance path: it takes every pod of the node down with it."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
+from test_ansible_site import playbook
 from test_control_plane import SMALL, ok, read, run, sandbox
 
 from warren.cluster.process import Supervisor
 from warren.config import load_config
 from warren.node.layout import NodeLayout
-from warren.workspaces.local import BLOCKD, CSI, LocalWorkspaces
+from warren.workspaces.local import BLOCKD, CSI, blockd_env, layout
 
 pytestmark = pytest.mark.cluster
 
@@ -76,10 +78,10 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
     config = load_config(Path(env["WARREN_TEST_CONFIG"]))
     if not config.cluster.sandbox_workspaces:
         pytest.fail("the node-loss test needs the workspace layer (cluster.workspaces.enabled)")
-    layer = LocalWorkspaces(config, state)
+    layer = layout(state)
     node = NodeLayout(state / "node")
     supervisor = Supervisor(state)
-    blockd = [str(layer.tool_path("warren-blockd")), f"--socket={layer.layout.blockd_socket}"]
+    blockd = [str(blockd_env() / "bin" / "warren-blockd"), f"--socket={layer.blockd_socket}"]
 
     box = ok(sandbox(env, "create", *SMALL, busybox_image(), "--", "sleep", "86400")).strip()
     try:
@@ -107,15 +109,15 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
                 [*crictl, "--timeout", "120s", "rmp", "--all", "--force"], capture_output=True, check=False
             )
         )
-        lose_everything_under([node.root, layer.layout.blockd_state])
-        subprocess.run(["rm", "-rf", "--one-file-system", str(layer.layout.blockd_state)], check=True)
-        assert not layer.layout.blockd_state.exists()
+        lose_everything_under([node.root, layer.blockd_state])
+        subprocess.run(["rm", "-rf", "--one-file-system", str(layer.blockd_state)], check=True)
+        assert not layer.blockd_state.exists()
         csi_log = supervisor.log_path(CSI)
         log_before = csi_log.stat().st_size
 
-        # -- the node starts again: the workspace layer, then the node's kubelet ----------
-        ok(run(env, "warren", "workspaces", "up", "--config", env["WARREN_TEST_CONFIG"]))
-        ok(run(env, "warren", "cluster", "up", "--config", env["WARREN_TEST_CONFIG"]))
+        # -- the node starts again, as the installer brings it up: site.yml -----------------
+        recap = playbook(env)
+        assert recap["failed"] == 0 and recap["changed"] > 0, recap
         wait_running(env, box)
 
         assert read(env, box, "/workspace/proven.bin") == proven
