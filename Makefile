@@ -40,11 +40,12 @@ down: venv
 	$(BIN)/warren cluster down
 
 ## Every test tier CI runs: lint, unit, pulumi-unit (components under Pulumi's mocks, the
-## policy pack's rules), blockd (unit + real SeaweedFS, FUSE, ext4),
+## policy pack's rules), blockd (unit + real SeaweedFS, FUSE, ext4), ansible-test (roles
+## converged on this machine: PostgreSQL's, with rotation, idempotence and check mode),
 ## control (records on real PostgreSQL and SQLite, the edge against a local OIDC issuer),
 ## cluster (conformance, the control plane and workspaces against a real API server and a
 ## real gVisor node), scale (the controller on 1,000 kwok nodes with 5,000 sandboxes).
-test: lint unit pulumi-unit blockd control cluster-test scale
+test: lint unit pulumi-unit blockd control ansible-test cluster-test scale
 
 lint: venv
 	$(BIN)/ruff check src tests packages bench components infra policy
@@ -56,7 +57,7 @@ unit: venv
 	$(BIN)/pytest tests/unit
 
 # Warren's roles applied to this machine with ansible-playbook (as root), each against
-# temporary directories and ports, its services under Warren's supervisor. Not in `test` yet.
+# temporary directories and ports, its services under Warren's supervisor.
 ansible-test: venv
 	$(BIN)/pytest -m ansible tests/ansible
 

@@ -12,6 +12,8 @@ declare -A packages=(
   [fsfreeze]=util-linux [setpriv]=util-linux [findmnt]=util-linux
   # warren-control: its tests start a real PostgreSQL server.
   [/usr/lib/postgresql]=postgresql
+  # warren bundle build: the index of the bundle's local apt repository.
+  [dpkg-scanpackages]=dpkg-dev
 )
 need=()
 for tool in "${!packages[@]}"; do

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,8 +17,6 @@ from warren.config import ConfigError, WarrenConfig, load_config
 
 if TYPE_CHECKING:
     from warren.cluster.process import Supervisor
-    from warren.controlplane.local import LocalControlPlane
-    from warren.workspaces.local import LocalWorkspaces
 
 console = Console(stderr=True)
 
@@ -164,33 +161,7 @@ def cluster_kubeconfig() -> None:
 
 @main.group("control-plane")
 def control_plane() -> None:
-    """warren-control on the local cluster (after `cluster up` and `apply`)."""
-
-
-def _control_plane(config_path: Path | None) -> LocalControlPlane:
-    from warren.controlplane.local import LocalControlPlane
-
-    return LocalControlPlane(_config(config_path), paths.cluster_state_dir(), progress=_say)
-
-
-@control_plane.command("up")
-@config_option
-def control_plane_up(config_path: Path | None) -> None:
-    """Start (or converge) the control plane; the first run also makes an organization and an API key."""
-    local = _control_plane(config_path)
-    try:
-        issued = local.up()
-    except ClusterError as exc:
-        raise click.ClickException(str(exc)) from None
-    key_file = local.layout.api_key
-    # The key is shown on a terminal the one time it is made, never into a pipe or a log.
-    if issued and sys.stdout.isatty():
-        click.echo(f"new API key (shown only now; kept in {key_file}): {issued}")
-    click.echo(f"API endpoint: {local.url}")
-    click.echo(f"API key:      in {key_file} (readable by its owner only)")
-    click.echo(f"logs:         {local.log}")
-    click.echo(f"use it:       export WARREN_URL={local.url} WARREN_API_KEY=$(cat {key_file})")
-    click.echo("              (`warren sandbox ...` finds both by itself)")
+    """Helpers for installing warren-control (the control_plane role uses them)."""
 
 
 @control_plane.command("kubeconfig")
@@ -215,26 +186,6 @@ def control_plane_kubeconfig(admin_kubeconfig: Path, output: Path) -> None:
         raise click.ClickException(str(exc)) from None
     changed = write_private(output, access.kubeconfig_for_token(admin_kubeconfig, token))
     click.echo(json.dumps({"changed": changed, "path": str(output)}))
-
-
-@control_plane.command("status")
-@config_option
-def control_plane_status(config_path: Path | None) -> None:
-    """The control plane's process and health; exits 1 unless it is healthy."""
-    local = _control_plane(config_path)
-    row = local.status()
-    click.echo(f"{row.name}\tpid {row.pid or '-'}\t{'healthy' if row.healthy else 'down'}\t{row.detail[:60]}")
-    click.echo(f"endpoint {local.url}\tkey {local.layout.api_key}\tlog {row.log}")
-    if not row.healthy:
-        sys.exit(1)
-
-
-@control_plane.command("down")
-@config_option
-def control_plane_down(config_path: Path | None) -> None:
-    """Stop the control plane only (`warren cluster down` stops it too); its records and keys stay."""
-    stopped = _control_plane(config_path).down()
-    _say("stopped warren-control" if stopped else "warren-control was not running")
 
 
 @main.group("service")
@@ -337,55 +288,6 @@ def service_status(name: str, state_dir: Path | None) -> None:
     )
     if record is None:
         sys.exit(1)
-
-
-@main.group("workspaces")
-def workspaces() -> None:
-    """The workspace layer on the local node: object store, warren-blockd, its CSI plugin."""
-
-
-def _workspaces(config_path: Path | None) -> tuple[LocalWorkspaces, str]:
-    from warren.workspaces.local import LocalWorkspaces
-
-    cfg = _config(config_path)
-    # The kubelet's node name: configured, else the host name (as node/provider.py has it).
-    node_name = cfg.cluster.node.name or socket.gethostname().lower().split(".")[0]
-    return LocalWorkspaces(cfg, paths.cluster_state_dir(), progress=_say), node_name
-
-
-@workspaces.command("up")
-@config_option
-def workspaces_up(config_path: Path | None) -> None:
-    """Start (or converge) SeaweedFS, warren-blockd and the CSI plugin on the local node."""
-    local, node_name = _workspaces(config_path)
-    try:
-        local.up(node_name)
-    except ClusterError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"workspaces: driver blockd.warren.dev on node {node_name}, objects at {local.s3_endpoint}")
-
-
-@workspaces.command("status")
-@config_option
-def workspaces_status(config_path: Path | None) -> None:
-    """The workspace layer's processes and health; exits 1 unless all are healthy."""
-    local, node_name = _workspaces(config_path)
-    rows = local.status(node_name)
-    for row in rows:
-        click.echo(
-            f"{row.name}\tpid {row.pid or '-'}\t{'healthy' if row.healthy else 'down'}\t{row.detail[:60]}"
-        )
-    if not all(row.healthy for row in rows):
-        sys.exit(1)
-
-
-@workspaces.command("down")
-@config_option
-def workspaces_down(config_path: Path | None) -> None:
-    """Stop the workspace layer (workspaces are flushed to the object store and stay there)."""
-    local, _ = _workspaces(config_path)
-    stopped = local.down()
-    _say(f"stopped {', '.join(stopped)}" if stopped else "the workspace layer was not running")
 
 
 # Everything after `sandbox`, --help included, goes to warren-control's own parser.
@@ -534,6 +436,96 @@ def image_build(
                 capture_output=True,
             )
             _say(f"imported {built.name}")
+
+
+# -- bundle ------------------------------------------------------------------------------
+
+
+@main.group()
+def bundle() -> None:
+    """The air-gapped bundle: every artifact an install without a network needs, in one archive."""
+
+
+@bundle.command("build")
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Archive to write (.tar.gz); default: dist/warren-bundle-<version>.tar.gz in the checkout.",
+)
+@click.option(
+    "--cache",
+    "cache_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Cache for the slow parts (wheels, Debian packages); default: $WARREN_CACHE/bundle.",
+)
+@click.option(
+    "--pulumi/--no-pulumi",
+    default=True,
+    show_default=True,
+    help="Include the Pulumi binaries when tools/build-pulumi.sh can build them.",
+)
+def bundle_build(output: Path | None, cache_dir: Path | None, pulumi: bool) -> None:
+    """Build the bundle from this checkout (run it on a connected Debian machine of the target release).
+
+    Writes the archive, FILE.manifest.json and FILE.sha256 beside it; prints the archive's path.
+    """
+    from warren.bundle import BundleError, build, cache
+
+    try:
+        repo = build.find_repo(Path.cwd())
+        result = build.build(
+            repo,
+            (output or build.default_output(repo)).absolute(),
+            (cache_dir or cache.default_root()).absolute(),
+            progress=_say,
+            with_pulumi=pulumi,
+        )
+    except BundleError as exc:
+        raise click.ClickException(str(exc)) from None
+    table = Table("part", "files", "MiB (uncompressed)")
+    for part, (files, size) in result.parts().items():
+        table.add_row(part, str(files), f"{size / 2**20:.1f}")
+    console.print(table)
+    for note in result.manifest.notes:
+        _say(f"note: {note}")
+    _say(
+        f"{result.archive_size / 2**20:.1f} MiB written in {result.seconds['total']:.0f} s "
+        f"({', '.join(f'{k} {v:.0f} s' for k, v in result.seconds.items() if k != 'total')})"
+    )
+    click.echo(result.archive)
+
+
+@bundle.command("verify")
+@click.argument("target", type=click.Path(path_type=Path))
+def bundle_verify(target: Path) -> None:
+    """Check an archive (or a directory it was extracted to) against its manifest.
+
+    Exits 1 naming every changed, missing or extra file; nothing is written.
+    """
+    from warren.bundle.verify import verify
+
+    report = verify(target, _say)
+    if not report.ok:
+        raise click.ClickException(report.summary())
+    click.echo(report.summary())
+
+
+@bundle.command("extract")
+@click.argument("archive", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("dest", type=click.Path(path_type=Path, file_okay=False))
+def bundle_extract(archive: Path, dest: Path) -> None:
+    """Verify ARCHIVE, then extract it into DEST (new or empty; one holding this bundle is left as it is).
+
+    Nothing is written unless the whole archive verifies.
+    """
+    from warren.bundle import BundleError
+    from warren.bundle.extract import extract
+
+    try:
+        outcome, report = extract(archive, dest, _say)
+    except BundleError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{dest}: {outcome.value} ({report.checked_files} files verified)")
 
 
 # -- conformance -------------------------------------------------------------------------
