@@ -44,8 +44,9 @@ down: venv
 ## converged on this machine: PostgreSQL's, with rotation, idempotence and check mode),
 ## control (records on real PostgreSQL and SQLite, the edge against a local OIDC issuer),
 ## cluster (conformance, the control plane and workspaces against a real API server and a
-## real gVisor node), scale (the controller on 1,000 kwok nodes with 5,000 sandboxes).
-test: lint unit pulumi-unit blockd control ansible-test cluster-test scale
+## real gVisor node), bundle-test (the air-gapped bundle installed with no network),
+## scale (the controller on 1,000 kwok nodes with 5,000 sandboxes).
+test: lint unit pulumi-unit blockd control ansible-test bundle-test cluster-test scale
 
 lint: venv
 	$(BIN)/ruff check src tests packages bench components infra policy
@@ -116,7 +117,7 @@ bundle: venv
 
 # An install from that bundle inside a network namespace with only loopback (as root):
 # three environments from its wheels, apt from its repository alone, its binaries and
-# images. Not in `test` yet.
+# images.
 bundle-test: bundle
 	WARREN_BUNDLE=$(BUNDLE) $(BIN)/pytest -m bundle tests/bundle
 
