@@ -31,9 +31,15 @@ from warren_components import (
     KvmHostPoolArgs,
     ObjectStore,
     ObjectStoreArgs,
+    WarrenPlatform,
+    WarrenPlatformArgs,
 )
 from warren_components.node_user_data import encode, node_user_data
 from warren_policy import POLICIES
+from warren_policy.k8s import WORKLOADS
+
+from warren.config import parse_config
+from warren.render import render
 
 GVISOR = GvisorBinaries("https://mirror.example/gvisor/x86_64", SHA_RUNSC, SHA_SHIM)
 BY_NAME = {p.name: p for p in POLICIES}
@@ -518,3 +524,157 @@ def test_recorded_registration_type_is_used(production: Recorder) -> None:
     # The fixture really holds the environment (guards the pass-everything tests from passing empty).
     assert isinstance(production.one("aws:eks/cluster:Cluster"), Registered)
     assert len(production.resources) > 40
+
+
+# -- Kubernetes ------------------------------------------------------------------------------------
+
+RUNTIME_CLASS = "kubernetes:node.k8s.io/v1:RuntimeClass"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+K8S_RULES = (
+    "k8s-runtime-class-gvisor",
+    "k8s-sandbox-namespace-pod-security",
+    "k8s-no-privileged-containers",
+    "k8s-no-host-namespaces",
+    "k8s-no-host-path",
+)
+SANDBOX_LABELS = {
+    "warren.dev/sandbox": "true",
+    "pod-security.kubernetes.io/enforce": "baseline",
+    "pod-security.kubernetes.io/warn": "restricted",
+    "pod-security.kubernetes.io/audit": "restricted",
+}
+POD_SPEC: dict[str, Any] = {
+    "containers": [{"name": "app", "image": "app:1", "securityContext": {"allowPrivilegeEscalation": False}}],
+    "volumes": [{"name": "scratch", "emptyDir": {}}],
+}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"isolation": {"pod_security_level": "restricted", "extra_namespaces": ["warren-sandboxes-b"]}},
+    ],
+    ids=["defaults", "restricted-two-namespaces"],
+)
+def test_the_platform_passes_every_kubernetes_policy(config: dict[str, Any]) -> None:
+    objects = render(parse_config(config))
+    recorder = run_program(
+        lambda: WarrenPlatform("warren", WarrenPlatformArgs(kubeconfig="kc", objects=objects))
+    )
+    checked: set[str] = set()
+    for registered in recorder.resources:
+        if not registered.typ.startswith("kubernetes:"):
+            continue
+        for policy in K8S_RULES:
+            assert violations(policy, registered.typ, registered.inputs, stack="local") == [], (
+                policy,
+                registered.name,
+            )
+        checked.add(registered.typ)
+    # The rules saw what they are about: the gVisor RuntimeClass and a sandbox namespace.
+    assert {RUNTIME_CLASS, NAMESPACE} <= checked
+    assert any(
+        (r.inputs["metadata"].get("labels") or {}).get("warren.dev/sandbox") == "true"
+        for r in recorder.of_type(NAMESPACE)
+    )
+
+
+def test_runtime_class_must_use_the_gvisor_handler() -> None:
+    rule = "k8s-runtime-class-gvisor"
+    assert violations(rule, RUNTIME_CLASS, {"metadata": {"name": "gvisor"}, "handler": "runsc"}) == []
+    assert violations(rule, RUNTIME_CLASS, {"metadata": {"name": "gvisor"}, "handler": "runc"}) == [
+        "handler 'runc' does not run pods under gVisor (allowed: runsc)"
+    ]
+    assert violations(rule, RUNTIME_CLASS, {"metadata": {"name": "gvisor"}})
+    # Nodes that name the runsc handler otherwise are configured through the pack's config.
+    config = {"gvisorHandlers": ["gvisor"]}
+    assert violations(rule, RUNTIME_CLASS, {"handler": "gvisor"}, config=config) == []
+    assert violations(rule, RUNTIME_CLASS, {"handler": "runsc"}, config=config)
+
+
+def _namespace(labels: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": "ns", "labels": labels}}
+
+
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+def test_sandbox_namespace_pod_security_success(level: str) -> None:
+    labels = {**SANDBOX_LABELS, "pod-security.kubernetes.io/enforce": level}
+    assert violations("k8s-sandbox-namespace-pod-security", NAMESPACE, _namespace(labels)) == []
+
+
+def test_sandbox_namespace_pod_security_violations() -> None:
+    rule = "k8s-sandbox-namespace-pod-security"
+    privileged = {**SANDBOX_LABELS, "pod-security.kubernetes.io/enforce": "privileged"}
+    assert violations(rule, NAMESPACE, _namespace(privileged)) == [
+        "label pod-security.kubernetes.io/enforce must be baseline or restricted, not 'privileged'"
+    ]
+    unlabelled = {"warren.dev/sandbox": "true"}
+    assert len(violations(rule, NAMESPACE, _namespace(unlabelled))) == 3
+    lax_audit = {**SANDBOX_LABELS, "pod-security.kubernetes.io/audit": "baseline"}
+    assert violations(rule, NAMESPACE, _namespace(lax_audit)) == [
+        "label pod-security.kubernetes.io/audit must be restricted"
+    ]
+    # Namespaces that hold no sandboxes (warren-system) are not held to this.
+    assert violations(rule, NAMESPACE, _namespace({"app.kubernetes.io/part-of": "warren"})) == []
+    assert violations(rule, NAMESPACE, {"metadata": {"name": "plain"}}) == []
+
+
+def _workload(typ: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` placed where a workload of `typ` keeps its pod spec."""
+    template = {"metadata": {"labels": {"app": "a"}}, "spec": spec}
+    by_type: dict[str, dict[str, Any]] = {
+        "kubernetes:core/v1:Pod": {"spec": spec},
+        "kubernetes:core/v1:PodTemplate": {"template": template},
+        "kubernetes:batch/v1:CronJob": {
+            "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": template}}}
+        },
+    }
+    return {"metadata": {"name": "w"}, **by_type.get(typ, {"spec": {"template": template}})}
+
+
+@pytest.mark.parametrize("typ", WORKLOADS)
+def test_workloads_success(typ: str) -> None:
+    for rule in ("k8s-no-privileged-containers", "k8s-no-host-namespaces", "k8s-no-host-path"):
+        assert violations(rule, typ, _workload(typ, POD_SPEC)) == [], rule
+
+
+@pytest.mark.parametrize("typ", WORKLOADS)
+@pytest.mark.parametrize(
+    ("rule", "change", "message"),
+    [
+        (
+            "k8s-no-privileged-containers",
+            {"initContainers": [{"name": "init", "securityContext": {"privileged": True}}]},
+            "container 'init' must not be privileged (securityContext.privileged)",
+        ),
+        (
+            "k8s-no-host-namespaces",
+            {"hostNetwork": True},
+            "hostNetwork must not be true (the pod would share the node's namespace)",
+        ),
+        (
+            "k8s-no-host-namespaces",
+            {"hostPID": True},
+            "hostPID must not be true (the pod would share the node's namespace)",
+        ),
+        (
+            "k8s-no-host-namespaces",
+            {"hostIPC": True},
+            "hostIPC must not be true (the pod would share the node's namespace)",
+        ),
+        (
+            "k8s-no-host-path",
+            {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]},
+            "volume 'root' must not mount a host path",
+        ),
+    ],
+)
+def test_workloads_violation(typ: str, rule: str, change: dict[str, Any], message: str) -> None:
+    assert violations(rule, typ, _workload(typ, {**POD_SPEC, **change})) == [message]
+
+
+def test_workload_rules_ignore_other_kinds() -> None:
+    host = {"spec": {"hostNetwork": True, "volumes": [{"name": "v", "hostPath": {"path": "/"}}]}}
+    assert violations("k8s-no-host-namespaces", "kubernetes:core/v1:Service", host) == []
+    assert violations("k8s-no-host-path", "kubernetes:core/v1:ConfigMap", host) == []
