@@ -1,0 +1,1 @@
+"""Warren's microVM layer: templates, cold boot, snapshots and copy-on-write branches (QEMU)."""
