@@ -16,6 +16,7 @@ class GenerationMismatchError(ForkdError):
             f"but the disk offered has generation {found}: refusing to restore (the guest's "
             "cached filesystem state would not match the disk)"
         )
+        self.snapshot = snapshot
         self.recorded = recorded
         self.found = found
 
@@ -26,3 +27,12 @@ class AgentError(ForkdError):
 
 class QemuError(ForkdError):
     """QEMU exited, or a QMP command or migration failed."""
+
+
+class RequestError(ForkdError):
+    """A request the daemon refuses. `code` is stable for API clients; `fix` says what to do."""
+
+    def __init__(self, code: str, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.fix = fix

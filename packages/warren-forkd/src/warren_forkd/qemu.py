@@ -120,6 +120,8 @@ class Vm:
             *command(cfg), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
         )
         log.close()
+        # For whoever cleans up after a crash (the daemon at start): which process this VM is.
+        (cfg.workdir / "qemu.pid").write_text(f"{proc.pid}\n")
         vm = cls(cfg, proc, qmp)
         try:
             async with asyncio.timeout(timeout):

@@ -150,11 +150,27 @@ async def _restore(snap: Snapshot, workdir: Path, name: str) -> Running:
     return Running(vm, agent, _ms_since(start))
 
 
+async def restore_each(snap: Snapshot, children: list[tuple[Path, str]]) -> list[Running | Exception]:
+    """Start one child per (workdir, name) concurrently, each succeeding or failing on its own.
+
+    The caller checks the disk generation once for the batch (hashing is the costly part).
+    """
+    tasks = [asyncio.ensure_future(_restore(snap, workdir, name)) for workdir, name in children]
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    out: list[Running | Exception] = []
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            # Cancelled or interrupted: not a child's own failure; leave no child running.
+            await stop_all([r for r in results if isinstance(r, Running)])
+            raise result
+        out.append(result)
+    return out
+
+
 async def branch(snap: Snapshot, root: Path, n: int) -> list[Running]:
     """Start n children from one snapshot concurrently; if any fails, none is left running."""
     check_generation(snap, snap.template.disk)  # once for the batch: hashing is the costly part
-    tasks = [asyncio.ensure_future(_restore(snap, root / f"child-{i}", f"child-{i}")) for i in range(n)]
-    results = await asyncio.gather(*tasks, return_exceptions=True)
+    results = await restore_each(snap, [(root / f"child-{i}", f"child-{i}") for i in range(n)])
     children = [r for r in results if isinstance(r, Running)]
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
