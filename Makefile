@@ -9,6 +9,7 @@ export WARREN_CACHE ?= $(HOME)/.cache/warren
 .PHONY: deploy down test lint unit blockd control cluster-test scale binaries venv clean bench-runtime bench-blockd bench-control bench-workspace pulumi-unit pulumi-test ansible-test
 BLOCKD := packages/warren-blockd
 CONTROL := packages/warren-control
+FORKD := packages/warren-forkd
 PULUMI := components
 
 venv: $(VENV)/.installed $(VENV)/.control-installed
@@ -41,13 +42,16 @@ down: venv
 
 ## Every test tier CI runs: lint, unit, pulumi-unit (components under Pulumi's mocks, the
 ## policy pack's rules), pulumi-test (a real `pulumi up`/`destroy` of the local stack, its
-## objects identical to the Ansible path's), blockd (unit + real SeaweedFS, FUSE, ext4), ansible-test (roles
-## converged on this machine: PostgreSQL's, with rotation, idempotence and check mode),
-## control (records on real PostgreSQL and SQLite, the edge against a local OIDC issuer),
-## cluster (conformance, the control plane and workspaces against a real API server and a
-## real gVisor node), bundle-test (the air-gapped bundle installed with no network),
-## scale (the controller on 1,000 kwok nodes with 5,000 sandboxes).
-test: lint unit pulumi-unit pulumi-test blockd control ansible-test bundle-test cluster-test scale
+## objects identical to the Ansible path's; the policy pack refusing at `pulumi preview`),
+## blockd (unit + real SeaweedFS, FUSE, ext4), forkd (real QEMU microVMs under TCG: boot,
+## snapshot, 8 children with distinct entropy and disks), ansible-test (roles converged on this machine:
+## PostgreSQL's, with rotation, idempotence and check mode), control (records on real
+## PostgreSQL and SQLite, the edge against a local OIDC issuer), bundle-test (the air-gapped
+## bundle installed with no network), hosts-test (site.yml from that bundle onto three
+## namespace hosts over SSH, no route out), cluster (conformance, the control plane and
+## workspaces against a real API server and a real gVisor node), scale (the controller on
+## 1,000 kwok nodes with 5,000 sandboxes).
+test: lint unit pulumi-unit pulumi-test blockd forkd control ansible-test bundle-test hosts-test cluster-test scale
 
 lint: venv
 	$(BIN)/ruff check src tests packages bench components infra policy
@@ -74,6 +78,17 @@ $(BLOCKD)/.venv/.installed: $(BLOCKD)/pyproject.toml tools/blockd-protos.sh tool
 
 blockd: $(BLOCKD)/.venv/.installed
 	cd $(BLOCKD) && .venv/bin/mypy && .venv/bin/pytest
+
+# warren-forkd: the daemon (HTTP on a unix socket) that boots a QEMU microVM template (TCG
+# here), snapshots it and branches children that share its memory copy-on-write.
+$(FORKD)/.venv/.installed: $(FORKD)/pyproject.toml
+	$(PYTHON) -m venv $(FORKD)/.venv
+	$(FORKD)/.venv/bin/pip install --quiet -e '$(FORKD)[test]'
+	touch $@
+
+.PHONY: forkd
+forkd: $(FORKD)/.venv/.installed
+	cd $(FORKD) && .venv/bin/mypy && .venv/bin/pytest
 
 $(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml
 	$(PYTHON) -m venv $(CONTROL)/.venv
@@ -112,7 +127,9 @@ pulumi-unit: $(PULUMI)/.venv/.installed
 # A real `pulumi up`, preview and destroy of the `local` stack (file backend; the CLI, Python
 # language host and Kubernetes provider built from Go modules) and the Ansible admission role,
 # on a throw-away etcd + kube-apiserver (+ namespace and garbage collection controllers) of
-# their own: both paths must make identical objects.
+# their own: both paths must make identical objects. Also the policy pack under the real CLI
+# (test_policy_pack.py, no cluster): `pulumi preview --policy-pack policy/analyzer` refuses
+# violating objects and passes compliant ones and the local stack.
 # The main environment runs ansible-playbook and warren. Not in `test` yet.
 .PHONY: pulumi-test
 pulumi-test: venv $(PULUMI)/.venv/.installed
@@ -133,9 +150,21 @@ bundle: venv
 bundle-test: bundle
 	WARREN_BUNDLE=$(BUNDLE) $(BIN)/pytest -m bundle tests/bundle
 
+# site.yml with the sample inventory from that bundle onto three hosts made of network and
+# mount namespaces with sshd (as root), with no route out and no apt source but the bundle.
+.PHONY: hosts-test
+hosts-test: bundle
+	WARREN_BUNDLE=$(BUNDLE) $(BIN)/pytest -m hosts -rP tests/hosts
+
 ## Benchmarks write JSON to bench/results/ (ratios against a baseline from the same run).
 bench-runtime: venv
 	bench/run-runtime.sh
+
+# Boot, snapshot and branch 1/8/32 children with real QEMU (TCG unless WARREN_FORKD_ACCEL=kvm);
+# writes bench/results/forkd.json with the issue's two acceptance ratios from the same run.
+.PHONY: bench-forkd
+bench-forkd: $(FORKD)/.venv/.installed
+	bench/run-forkd.sh
 
 # As root (FUSE, loop devices, mounts); the project-build images come from the Go module
 # cache the cluster binaries fill, so those are built (or found) first.

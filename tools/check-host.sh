@@ -10,10 +10,14 @@ declare -A packages=(
   # warren-blockd: the FUSE-served device, loop devices and ext4.
   [fusermount3]=fuse3 [mkfs.ext4]=e2fsprogs [debugfs]=e2fsprogs [losetup]=mount
   [fsfreeze]=util-linux [setpriv]=util-linux [findmnt]=util-linux
+  # warren-forkd: the microVMs and their overlay disks (gcc above builds the guest's reseed helper).
+  [qemu-system-x86_64]=qemu-system-x86 [qemu-img]=qemu-utils
   # warren-control: its tests start a real PostgreSQL server.
   [/usr/lib/postgresql]=postgresql
   # warren bundle build: the index of the bundle's local apt repository.
   [dpkg-scanpackages]=dpkg-dev
+  # make hosts-test: each namespace host runs its own sshd (the package's own is not started).
+  [/usr/sbin/sshd]=openssh-server
 )
 need=()
 for tool in "${!packages[@]}"; do
@@ -24,6 +28,12 @@ if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
     echo "missing host packages: ${need[*]} (install them, or run as root)" >&2
     exit 1
+  fi
+  # Packages install their files only: no service they ship (sshd, PostgreSQL) is started.
+  policy=/usr/sbin/policy-rc.d
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy"
+    trap 'rm -f "$policy"' EXIT
   fi
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi

@@ -1,6 +1,6 @@
 """A throw-away Kubernetes control plane for install-path tests: etcd, kube-apiserver and a
-kube-controller-manager that runs two controllers, the namespace controller and the garbage
-collector.
+kube-controller-manager that runs three controllers: the namespace controller, the garbage
+collector and the ServiceAccount token controller.
 
 The real binaries (`tools/build-cluster-binaries.sh`), every file in one temporary directory,
 every listener on a free loopback port: it runs beside the machine's local cluster and shares
@@ -389,7 +389,12 @@ class ControlPlane:
             [
                 str(self.bin_dir / "kube-controller-manager"),
                 f"--kubeconfig={self.root / 'controller-manager.kubeconfig'}",
-                "--controllers=namespace-controller,garbage-collector-controller",
+                # The token controller fills ServiceAccount token Secrets (a control plane's
+                # kubeconfig is made from one).
+                "--controllers=namespace-controller,garbage-collector-controller,"
+                "serviceaccount-token-controller",
+                f"--service-account-private-key-file={self.pki / 'sa.key'}",
+                f"--root-ca-file={self.pki / 'ca.crt'}",
                 "--leader-elect=false",
                 "--secure-port=0",  # no health endpoint: nothing listens but the API server
                 "--profiling=false",

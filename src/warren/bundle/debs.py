@@ -38,8 +38,9 @@ PACKAGES: Mapping[str, tuple[str, ...]] = {
         "fuse3", "e2fsprogs", "mount", "util-linux",
     ),
     "warren-control's records": ("postgresql",),
-    "warren-forkd's microVMs": ("qemu-system-x86",),
+    "warren-forkd's microVMs": ("qemu-system-x86", "qemu-utils"),
     "the Python environments": ("python3", "python3-venv"),
+    "Ansible's apt module on the hosts": ("python3-apt",),
 }  # fmt: skip
 REPO_DIR = "debs"
 LIST = "packages.txt"

@@ -12,6 +12,7 @@ one directory of the cluster's state, 0700, kept across runs:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,12 +59,18 @@ def layout(cluster_state: Path) -> Layout:
 
 
 def write_private(path: Path, text: str) -> bool:
-    """Write a 0600 file unless it already holds exactly `text`; True if it was written."""
-    from warren_control.admin import write_secret
-
+    """Write a 0600 file unless it already holds exactly `text`; True if it was written.
+    Created 0600 beside it (never readable for a moment), then renamed into place. Here and
+    not borrowed from warren-control: a host may have the warren CLI alone."""
     if path.is_file() and path.read_text() == text:
         return False
-    write_secret(path, text)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    tmp.replace(path)
     return True
 
 

@@ -1,0 +1,32 @@
+"""The existing cluster of the multi-host test: a throw-away etcd, kube-apiserver and
+controller manager (tests/pulumi_cluster/control_plane.py) started inside the control host's
+namespaces, its admin kubeconfig at /etc/kubernetes/admin.conf there, as on a kubeadm host.
+
+    python run_control_plane.py BIN_DIR    # prints "ready" once up, serves until SIGTERM
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pulumi_cluster"))
+
+from control_plane import ControlPlane
+
+ADMIN_KUBECONFIG = Path("/etc/kubernetes/admin.conf")
+
+
+def main() -> None:
+    with ControlPlane(Path(sys.argv[1])) as cluster:
+        ADMIN_KUBECONFIG.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cluster.admin_kubeconfig, ADMIN_KUBECONFIG)
+        ADMIN_KUBECONFIG.chmod(0o600)
+        print("ready", flush=True)
+        signal.pause()  # SIGTERM ends it (ControlPlane turns it into SystemExit and cleans up)
+
+
+if __name__ == "__main__":
+    main()
