@@ -6,17 +6,22 @@ from the internet, only the named groups (the cluster's nodes) on forkd's ports.
 metadata needs IMDSv2 tokens with a hop limit of 1 (a guest or container one hop further
 cannot reach the host role's credentials), and every volume is encrypted. Operators reach
 the hosts through Session Manager; no SSH key is installed.
+
+Each host installs and starts warren-forkd at first boot from the extracted bundle (`forkd`,
+see forkd_user_data.py: the same unit as the Ansible `forkd` role); its API is a unix socket
+on the host (`forkd_socket`), reached by what runs there.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi_aws as aws
 
 import pulumi
+from warren_components.forkd_user_data import ForkdHost, combine, install_script
 from warren_components.iam import assume_role_policy, managed_policy
 
 
@@ -41,7 +46,9 @@ class KvmHostPoolArgs:
     root_volume_gib: int = 200
     root_device_name: str = "/dev/xvda"  # Amazon Linux; Debian and Ubuntu AMIs use other names
     ingress: Sequence[IngressFrom] = ()
-    user_data: str | None = None  # plain text; encoded here
+    # warren-forkd from the bundle at first boot; None: the hosts get only user_data.
+    forkd: ForkdHost | None = field(default_factory=ForkdHost)
+    user_data: str | None = None  # plain text, run after forkd's script; encoded here
 
     def __post_init__(self) -> None:
         if ".metal" not in self.instance_type:
@@ -59,10 +66,21 @@ class KvmHostPoolArgs:
                 raise ValueError(f"ingress port {rule.port} is not a TCP port")
 
 
+def host_user_data(args: KvmHostPoolArgs) -> str | None:
+    """forkd's install script, then the caller's user data (one MIME multipart when both)."""
+    scripts = [install_script(args.forkd)] if args.forkd else []
+    if args.user_data:
+        scripts.append(args.user_data)
+    return combine(*scripts) if scripts else None
+
+
 class KvmHostPool(pulumi.ComponentResource):
     security_group_id: pulumi.Output[str]
     autoscaling_group_name: pulumi.Output[str]
     role_name: pulumi.Output[str]
+    # warren-forkd's API socket on each host and the accelerator asked for ("" without forkd).
+    forkd_socket: pulumi.Output[str]
+    forkd_accel: pulumi.Output[str]
 
     def __init__(self, name: str, args: KvmHostPoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("warren:kvm_host_pool:KvmHostPool", name, None, opts)
@@ -140,7 +158,9 @@ class KvmHostPool(pulumi.ComponentResource):
                     delete_on_termination="true",
                 )
             ],
-            user_data=base64.b64encode(args.user_data.encode()).decode() if args.user_data else None,
+            user_data=base64.b64encode(user_data.encode()).decode()
+            if (user_data := host_user_data(args))
+            else None,
             tag_specifications=[
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags={"Name": f"{name}-host"})
                 for kind in ("instance", "volume")
@@ -171,10 +191,14 @@ class KvmHostPool(pulumi.ComponentResource):
         self.security_group_id = group.id
         self.autoscaling_group_name = asg.name
         self.role_name = role.name
+        self.forkd_socket = pulumi.Output.from_input(args.forkd.socket if args.forkd else "")
+        self.forkd_accel = pulumi.Output.from_input(args.forkd.accel if args.forkd else "")
         self.register_outputs(
             {
                 "security_group_id": self.security_group_id,
                 "autoscaling_group_name": self.autoscaling_group_name,
                 "role_name": self.role_name,
+                "forkd_socket": self.forkd_socket,
+                "forkd_accel": self.forkd_accel,
             }
         )

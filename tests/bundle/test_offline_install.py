@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from warren.bundle.debs import parse_packages
+from warren.bundle.debs import KERNEL, parse_packages
 from warren.bundle.manifest import Manifest
 from warren.bundle.verify import beside, verify_tree
 
@@ -29,6 +29,7 @@ COMMANDS = {
     "warren": [["warren", "--help"], ["warren", "bundle", "verify", "--help"], ["pytest", "--version"]],
     "warren-control": [["warren-control", "--help"]],
     "warren-blockd": [["warren-blockd", "--help"], ["weed", "version"]],
+    "warren-forkd": [["warren-forkd", "--help"]],
 }
 
 
@@ -43,6 +44,14 @@ def test_the_namespace_has_no_route_out(offline: Offline) -> None:
         routes = offline.run(["ip", family, "route", "show", "table", "all"]).stdout
         assert all(" dev lo " in f" {line} " for line in routes.splitlines()), routes
         assert "default" not in routes
+
+
+def test_the_guest_kernel_is_shipped_not_installed(extracted: Path) -> None:
+    """warren-forkd unpacks the versioned kernel package from debs/; packages.txt leaves it out."""
+    debs = extracted / "debs"
+    kernels = [p.name for p in debs.glob("linux-image-*.deb") if KERNEL.match(p.name.split("_", 1)[0])]
+    assert len(kernels) == 1, kernels
+    assert not [p for p in (debs / "packages.txt").read_text().split() if p.startswith("linux-image")]
 
 
 def test_the_extracted_bundle_matches_its_manifest(bundle_archive: Path, extracted: Path) -> None:

@@ -298,6 +298,25 @@ def test_every_package_check_host_installs_is_in_the_bundle() -> None:
     assert named - set(debs.package_list()) == set()
 
 
+def test_the_guest_kernel_is_downloaded_but_not_installed() -> None:
+    assert set(debs.SHIP_ONLY).isdisjoint(debs.package_list())  # packages.txt: what apt installs
+    assert debs.KERNEL.match("linux-image-6.1.0-57-amd64")
+    for other in (
+        "linux-image-amd64",
+        "linux-image-6.1.0-57-amd64-unsigned",
+        "linux-image-6.1.0-57-amd64-dbg",
+    ):
+        assert not debs.KERNEL.match(other)
+    assert {"qemu-system-x86", "qemu-utils"} <= set(debs.package_list())
+
+
+def test_every_daemon_has_its_own_environment() -> None:
+    names = [env.name for env in wheels.ENVIRONMENTS]
+    assert names == ["warren", "warren-control", "warren-blockd", "warren-forkd"]
+    forkd = next(env for env in wheels.ENVIRONMENTS if env.name == "warren-forkd")
+    assert wheels.requirements(REPO, forkd) == ("warren-forkd==0.1.0",)
+
+
 def test_the_packages_index_parser_reads_dpkg_scanpackages_output() -> None:
     index = "Package: a\nVersion: 1\nDepends: b,\n c\nFilename: ./a_1_all.deb\n\nPackage: b\nVersion: 2:3\n"
     stanzas = debs.parse_packages(index)

@@ -76,3 +76,21 @@ def test_the_control_plane_reads_secrets_from_files_only(workspaces: bool) -> No
     assert Path("/var/lib/warren/control-plane/control.env") in unit.env_files
     assert ("--workspaces" in argv) is workspaces
     assert (Path("/etc/warren/object-store/credentials.env") in unit.env_files) is workspaces
+
+
+@pytest.mark.parametrize("debs", ["", "/opt/warren/bundle/debs"])
+def test_forkd_serves_its_socket_with_the_chosen_accelerator(debs: str) -> None:
+    unit = render("forkd", "warren-forkd.service.j2", forkd_accel_resolved="kvm", forkd_kernel_debs_dir=debs)
+    assert unit.argv == (
+        "/opt/warren/forkd/bin/warren-forkd",
+        "serve",
+        "--socket",
+        "/run/warren/forkd/api.sock",
+        "--state-dir",
+        "/var/lib/warren/forkd",
+    )
+    expected = {"WARREN_FORKD_ACCEL": "kvm", "WARREN_FORKD_CACHE": "/var/cache/warren/forkd"}
+    if debs:
+        expected["WARREN_FORKD_KERNEL_DEBS"] = debs
+    assert unit.env == expected
+    assert not unit.env_files

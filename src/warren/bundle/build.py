@@ -93,6 +93,10 @@ class _Parts:
             "architecture": release.architecture,
         }
         self.pins["debian-packages"] = {p: deb_set.versions[p] for p in debs.package_list()}
+        # Shipped, not installed: the guest kernel warren-forkd unpacks.
+        self.pins["debian-files"] = {
+            p: v for p, v in deb_set.versions.items() if p in debs.SHIP_ONLY or debs.KERNEL.match(p)
+        }
 
     def checksums(self, staging: Path) -> tuple[FileEntry, ...]:
         """Every file's entry, SHA256SUMS added; the build scripts' own sums must agree."""

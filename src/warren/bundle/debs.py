@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import os
 import pwd
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
@@ -42,6 +43,12 @@ PACKAGES: Mapping[str, tuple[str, ...]] = {
     "the Python environments": ("python3", "python3-venv"),
     "Ansible's apt module on the hosts": ("python3-apt",),
 }  # fmt: skip
+# Downloaded into the repository with their closure but left out of packages.txt (what an
+# install asks apt for): files the bundle ships for a program to read, never installed on
+# the host. warren-forkd unpacks the versioned kernel package linux-image-amd64 depends on
+# (WARREN_FORKD_KERNEL_DEBS=<bundle>/debs) to boot its guests.
+SHIP_ONLY: tuple[str, ...] = ("linux-image-amd64",)
+KERNEL = re.compile(r"^linux-image-[0-9][^ ]*-amd64$")  # the versioned package, not -unsigned
 REPO_DIR = "debs"
 LIST = "packages.txt"
 RECIPE = "1"  # bump when the way the closure is made changes
@@ -135,7 +142,7 @@ def _apt_options(work: Path) -> list[str]:
 
 
 def key(release: Release) -> str:
-    return cache.key(RECIPE, release.codename, release.architecture, *package_list())
+    return cache.key(RECIPE, release.codename, release.architecture, *package_list(), "ship-only", *SHIP_ONLY)
 
 
 def collect(root: Path, progress: Callable[[str], None]) -> tuple[DebSet, Release]:
@@ -159,14 +166,26 @@ def collect(root: Path, progress: Callable[[str], None]) -> tuple[DebSet, Releas
     options = _apt_options(work)
     progress(f"apt: updating a private copy of the {release.codename} indexes")
     _run(["apt-get", "-q", *options, "update"], "apt-get update (private lists)")
-    progress(f"apt: downloading {len(packages)} packages and their dependency closure")
+    progress(f"apt: downloading {len(packages) + len(SHIP_ONLY)} packages and their dependency closure")
     _run(
-        ["apt-get", "-q", "-y", *options, "install", "--download-only", "--no-install-recommends", *packages],
+        [
+            "apt-get",
+            "-q",
+            "-y",
+            *options,
+            "install",
+            "--download-only",
+            "--no-install-recommends",
+            *packages,
+            *SHIP_ONLY,
+        ],
         "apt-get install --download-only",
     )
     partial = cache.start(final)
     for deb in sorted((work / "archives").glob("*.deb")):
         shutil.move(deb, partial / deb.name)
+    if not any(KERNEL.match(deb.name.split("_", 1)[0]) for deb in partial.glob("*.deb")):
+        raise BundleError(f"apt downloaded no versioned kernel package behind {', '.join(SHIP_ONLY)}")
     _index(partial, release, packages)
     (partial / ".complete").write_text("")
     cache.finish(partial, final)

