@@ -26,6 +26,10 @@ def test_eight_children_are_independent(forked: Forked) -> None:
         # Every child runs a command, under the identity it was given after the restore.
         assert [run(i, "hostname").strip() for i in range(8)] == [f"child-{i}" for i in range(8)]
         assert len({run(i, "cat /etc/machine-id") for i in range(8)}) == 8
+        # Each child's VM generation id is the one its QEMU vmgenid device was given.
+        generations = [run(i, "cat /run/warren/vm-generation-id").strip() for i in range(8)]
+        assert generations == [c.vm.cfg.vmgenid for c in children]
+        assert len(set(generations)) == 8
 
         # Restored from the same RAM, the CRNGs would match without the reseed.
         randoms = [run(i, "head -c 32 /dev/urandom | od -An -tx1") for i in range(8)]

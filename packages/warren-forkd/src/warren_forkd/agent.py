@@ -63,9 +63,10 @@ class Agent:
     async def run(self, command: str, timeout: float = 60.0) -> Result:
         return await self.call("run", base64.b64encode(command.encode()).decode(), timeout=timeout)
 
-    async def fork(self, seed: bytes, hostname: str, machine_id: str) -> None:
-        """Give a restored guest its own entropy and identity; before this, it is its parent's twin."""
-        result = await self.call("fork", base64.b64encode(seed).decode(), hostname, machine_id)
+    async def fork(self, seed: bytes, hostname: str, machine_id: str, generation_id: str) -> None:
+        """Give a restored guest its own entropy and identity (hostname, machine id, VM generation
+        id at /run/warren/vm-generation-id); before this, it is its parent's twin."""
+        result = await self.call("fork", base64.b64encode(seed).decode(), hostname, machine_id, generation_id)
         if result.rc != 0:
             raise AgentError(f"reseed failed in the guest: {result.output.decode(errors='replace')}")
 

@@ -143,7 +143,7 @@ async def _restore(snap: Snapshot, workdir: Path, name: str) -> Running:
             await vm.execute("cont")
         agent = await Agent.connect(cfg.agent_socket, timeout=30)
         await agent.ping()
-        await agent.fork(os.urandom(64), name, uuid.uuid4().hex)
+        await agent.fork(os.urandom(64), name, uuid.uuid4().hex, cfg.vmgenid)
     except BaseException:
         await vm.kill()
         raise
