@@ -16,7 +16,8 @@ declare -A packages=(
   [/usr/lib/postgresql]=postgresql
   # warren bundle build: the index of the bundle's local apt repository.
   [dpkg-scanpackages]=dpkg-dev
-  # make hosts-test: each namespace host runs its own sshd (the package's own is not started).
+  # sshd: Ansible reaches hosts over SSH (make hosts-test runs one per namespace host;
+  # the package's own service is not started).
   [/usr/sbin/sshd]=openssh-server
 )
 need=()

@@ -41,7 +41,7 @@ PACKAGES: Mapping[str, tuple[str, ...]] = {
     "warren-control's records": ("postgresql",),
     "warren-forkd's microVMs": ("qemu-system-x86", "qemu-utils"),
     "the Python environments": ("python3", "python3-venv"),
-    "Ansible's apt module on the hosts": ("python3-apt",),
+    "what Ansible needs on the hosts: sshd, the apt module's library": ("openssh-server", "python3-apt"),
 }  # fmt: skip
 # Downloaded into the repository with their closure but left out of packages.txt (what an
 # install asks apt for): files the bundle ships for a program to read, never installed on
