@@ -26,7 +26,7 @@ from warren.bundle.extract import extract
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE_ON_HOSTS = "/opt/warren/bundle"
-HOSTS = ("store", "control", "node")  # 10.77.0.2, .3, .4
+HOSTS = ("store", "control", "node")  # 10.77.0.2, .3, .4; node is also the KVM host
 RESULTS = REPO / "test-results"
 RECAP = re.compile(
     r"^(?P<host>\S+)\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
@@ -153,6 +153,7 @@ def site(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Site:
                 "warren_control_plane": {"hosts": {"control": {"ansible_host": address["control"]}}},
                 "warren_database": {"hosts": {"control": None}},
                 "warren_object_store": {"hosts": {"store": {"ansible_host": address["store"]}}},
+                "warren_kvm_hosts": {"hosts": {"node": None}},
             },
             "vars": {
                 "ansible_user": "root",
@@ -172,6 +173,8 @@ def site(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Site:
         "control_plane_workspace_endpoint": store,
         "egress_floor_node_addresses": [address["node"]],
         "egress_floor_api_addresses": [address["control"]],
+        # No guest runs under KVM on this machine (nested): microVMs are emulated here.
+        "forkd_accel": "tcg",
     }
     (inventory / "lab.yml").write_text(yaml.safe_dump(overrides))
     return Site(lab, inventory / "hosts.yml", inventory / "lab.yml")

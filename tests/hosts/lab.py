@@ -41,6 +41,7 @@ PRIVATE_DIRS = (
     "/var/lib/warren",
     "/var/lib/kubelet",
     "/var/lib/apt/lists",
+    "/var/cache/warren",
     "/var/log/warren",
     "/run/warren",
     "/usr/local/bin",

@@ -7,19 +7,23 @@ installs everything (log: test-results/hosts-site-first-run.log); a second run a
 --check --diff run change nothing; then what the deployment must be across hosts: the object
 store's credentials made on its host and copied to the others, listeners on the hosts'
 addresses, the workspace daemon on the node storing into the store host's SeaweedFS, the
-control plane answering the node over the LAN with its records in PostgreSQL.
+control plane answering the node over the LAN with its records in PostgreSQL, and
+warren-forkd on the node booting, snapshotting and branching a microVM whose kernel comes from
+the bundle's copy of Debian's package.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import BUNDLE_ON_HOSTS, HOSTS, Site
-from lab import Lab
+from lab import Host, Lab
 
 pytestmark = pytest.mark.hosts
 
@@ -175,3 +179,41 @@ def test_the_control_plane_answers_the_node_with_records_in_postgresql(lab: Lab)
         ]
     )
     assert keys.returncode == 0 and int(keys.stdout) >= 1, keys.stderr
+
+
+def _forkd(host: Host, method: str, path: str, body: dict[str, object] | None = None) -> dict[str, Any]:
+    argv = ["curl", "-sS", "--max-time", "600", "--unix-socket", "/run/warren/forkd/api.sock", "-X", method]
+    if body is not None:
+        argv += ["-H", "Content-Type: application/json", "--data", json.dumps(body)]
+    done = host.run([*argv, f"http://forkd{path}"], timeout=660)
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
+def test_the_microvm_daemon_branches_guests_from_the_bundle_kernel(lab: Lab) -> None:
+    node = lab.hosts["node"]
+    assert _forkd(node, "GET", "/healthz") is not None
+    # Built on the node with no network: the guest kernel comes from the bundle's debs/.
+    template = _forkd(node, "POST", "/v1/templates", {"name": "lab", "mem_mib": 128})
+    assert template.get("name") == "lab", template
+    vm = _forkd(node, "POST", "/v1/vms", {"template": "lab", "id": "parent"})
+    assert vm.get("id") == "parent", vm
+    snap = _forkd(node, "POST", "/v1/vms/parent/snapshot", {"id": "snap"})
+    assert snap.get("disk_generation"), snap
+    branched = _forkd(node, "POST", "/v1/snapshots/snap/branch", {"count": 2, "ids": ["a", "b"]})
+    assert [c["ok"] for c in branched["children"]] == [True, True], branched
+    try:
+        randoms = []
+        for child in ("a", "b"):
+            ran = _forkd(
+                node, "POST", f"/v1/vms/{child}/exec", {"command": "head -c 16 /dev/urandom | od -An -tx1"}
+            )
+            assert ran["rc"] == 0, ran
+            randoms.append(ran["output"])
+        assert randoms[0] != randoms[1]
+    finally:
+        for vm_id in ("a", "b", "parent"):
+            _forkd(node, "POST", f"/v1/vms/{vm_id}/stop")
+    cached = node.shell("ls /var/cache/warren/forkd/kernels").stdout.split()
+    assert len(cached) == 1 and cached[0].endswith("-amd64"), cached
