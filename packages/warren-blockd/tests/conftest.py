@@ -6,7 +6,9 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from warren_blockd.blobs.local import LocalDriver
@@ -51,18 +53,40 @@ def loop_mount_missing() -> str | None:
         return "needs root to mount a loop device"
     if not Path("/dev/loop-control").exists():
         return "needs loop devices (/dev/loop-control is missing)"
-    if not (shutil.which("mount") and shutil.which("umount")):
-        return "needs mount and umount"
+    if not all(shutil.which(tool) for tool in ("mount", "umount", "fsfreeze", "cp")):
+        return "needs mount, umount, fsfreeze and cp"
     return None
 
 
-def mount_loop(image: Path, target: Path) -> None:
-    """Mount an image file on a loop device at `target` (which must exist)."""
+@contextmanager
+def loop_mounted(image: Path, target: Path) -> Iterator[None]:
+    """The image file mounted on a loop device at `target` (which must exist) for the body.
+    After it, `image` holds what the kernel wrote, its journal checkpointed, and nothing
+    writes it any more.
+
+    `umount` alone promises neither: a process that makes a mount namespace while the mount
+    is up (another tier's unshare, mmdebstrap, a container) copies it, and the file system
+    outlives our umount. Its journal is then not checkpointed, so the image's own metadata
+    lags (fsync'd files missing), and it writes the image again when that namespace ends.
+    Freezing flushes the journal into place; the copy taken while frozen replaces `image`,
+    so any later write lands in the old, unlinked file.
+    """
     mounted = subprocess.run(
         ["mount", "-o", "loop", str(image), str(target)], check=False, capture_output=True, text=True
     )
     if mounted.returncode != 0:
         pytest.skip(f"mount -o loop failed here: {mounted.stderr.strip()}")
+    frozen = image.with_name(f"{image.name}.frozen")
+    try:
+        yield
+        subprocess.run(["fsfreeze", "--freeze", str(target)], check=True)
+        try:
+            subprocess.run(["cp", "--sparse=always", str(image), str(frozen)], check=True)
+        finally:
+            subprocess.run(["fsfreeze", "--unfreeze", str(target)], check=True)
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+    frozen.replace(image)
 
 
 def needs_root_and_fuse() -> None:
@@ -70,8 +94,8 @@ def needs_root_and_fuse() -> None:
     give_up = pytest.fail if os.environ.get("CI") else pytest.skip
     if os.geteuid() != 0:
         give_up("needs root: the daemon mounts FUSE, attaches loop devices and mounts ext4")
-    if not Path("/dev/fuse").exists() or shutil.which("fusermount3") is None:
-        give_up("needs /dev/fuse and fusermount3 (Debian package fuse3)")
+    if not Path("/dev/fuse").exists():
+        give_up("needs /dev/fuse (the daemon mounts and serves FUSE itself)")
 
 
 @pytest.fixture
@@ -80,8 +104,10 @@ def blockd_factory(tmp_path: Path) -> Iterator[Callable[..., BlockdProcess]]:
     needs_root_and_fuse()
     started: list[BlockdProcess] = []
 
-    def start(store: str, endpoint: str | None = None, *extra: str, name: str = "node") -> BlockdProcess:
-        daemon = BlockdProcess(tmp_path / name, store, endpoint, *extra)
+    def start(
+        store: str, endpoint: str | None = None, *extra: str, name: str = "node", **options: Any
+    ) -> BlockdProcess:
+        daemon = BlockdProcess(tmp_path / name, store, endpoint, *extra, **options)
         started.append(daemon)
         return daemon
 

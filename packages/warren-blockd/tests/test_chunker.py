@@ -8,10 +8,11 @@ import os
 import random
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import loop_mount_missing, mount_loop
+from conftest import loop_mount_missing, loop_mounted
 from warren_blockd import ext4
 from warren_blockd.chunker import DEFAULT_CHUNK_SIZE, chunk_image
 from warren_blockd.chunks import digest_of
@@ -271,19 +272,48 @@ def test_bad_sizes_are_refused(tmp_path: Path) -> None:
         chunk_image(path, aligned=False, chunk_size=1000, sink=Store())
 
 
+@pytest.fixture
+def copy_mounts() -> Iterator[Callable[[], Path]]:
+    """Start a process in a mount namespace copied from ours, as another test tier's unshare
+    may do at any time; it lives till the test ends. Returns that namespace's mountinfo."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux)")
+    holders: list[subprocess.Popen[str]] = []
+
+    def start() -> Path:
+        holder = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", "echo up; exec sleep 600"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        holders.append(holder)
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "up\n"  # the namespace exists: the copy is made
+        return Path(f"/proc/{holder.pid}/mountinfo")
+
+    yield start
+    for holder in holders:
+        holder.kill()
+        holder.wait()
+
+
 @needs_e2fsprogs
 @pytest.mark.skipif(loop_mount_missing() is not None, reason=loop_mount_missing() or "")
-def test_kernel_written_image_round_trips(tmp_path: Path) -> None:
-    """Stale bytes under unwritten (fallocated) extents and a sparse file of 1000 extents."""
+@pytest.mark.parametrize("copied", [False, True], ids=["alone", "mount-copied-elsewhere"])
+def test_kernel_written_image_round_trips(
+    tmp_path: Path, copy_mounts: Callable[[], Path], copied: bool
+) -> None:
+    """Stale bytes under unwritten (fallocated) extents and a sparse file of 1000 extents.
+    Copied, the file system outlives the umount in another namespace, journal unflushed."""
     image = tmp_path / "fs.img"
     subprocess.run(
         ["mkfs.ext4", "-q", "-F", "-b", "4096", str(image), "64M"], check=True, capture_output=True
     )
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    mount_loop(image, mnt)
     written = [os.urandom(BLOCK_SIZE) for _ in range(1000)]
-    try:
+    with loop_mounted(image, mnt):
+        elsewhere = copy_mounts() if copied else None
         (mnt / "old").write_bytes(os.urandom(4 << 20))
         os.sync()
         (mnt / "old").unlink()
@@ -297,8 +327,8 @@ def test_kernel_written_image_round_trips(tmp_path: Path) -> None:
             os.pwrite(fd, block, 2 * i * BLOCK_SIZE)
         os.fsync(fd)
         os.close(fd)
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+    if elsewhere is not None:
+        assert str(mnt) in elsewhere.read_text().split(), "the mount should outlive our umount"
 
     original = image.read_bytes()
     for aligned in (True, False):

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import loop_mount_missing, mount_loop
+from conftest import loop_mount_missing, loop_mounted
 from warren_blockd import ext4
 
 pytestmark = pytest.mark.skipif(
@@ -195,8 +195,7 @@ def test_deep_tree_and_unwritten_extents_from_the_kernel(tmp_path: Path) -> None
     mkfs(image, "128M", None, "-g", "8192")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    mount_loop(image, mnt)
-    try:
+    with loop_mounted(image, mnt):
         # Every other block of a sparse file: 3000 extents, more than one leaf block holds.
         fd = os.open(mnt / "sparse", os.O_CREAT | os.O_WRONLY)
         for i in range(0, 6000, 2):
@@ -218,8 +217,6 @@ def test_deep_tree_and_unwritten_extents_from_the_kernel(tmp_path: Path) -> None
                         f.write(os.urandom(4096))
                         f.flush()
                         os.fsync(f.fileno())
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
     files = ext4.read_extents(image)
     assert_matches_debugfs(image, files)

@@ -7,7 +7,9 @@
   POST /v1/workspaces/<id>/unmount         {"wait_replicated": seconds}
   POST /v1/workspaces/<id>/flush           {"wait_replicated": seconds}
   GET  /v1/stats      GET /metrics      GET /healthz
-Errors are {"error": code, "message": text} with a 4xx/5xx status.
+Errors are {"error": code, "message": text} with a 4xx/5xx status. During a handoff the
+POSTs wait; once this daemon has handed over they answer `handed_over` (503), and the
+client retries until the new daemon answers on the same socket.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ STATUS = {
     "split_brain": 409,
     "not_replicated": 503,
     "storage": 503,
+    "handed_over": 503,
 }
 
 
@@ -68,7 +71,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         daemon = self.server.daemon
         if self.path == "/healthz":
-            self._json(200, {"ok": daemon.ready.is_set()})
+            ok = daemon.ready.is_set() and not daemon.gate.handed_over
+            self._json(200, {"ok": ok, "instance": daemon.instance, "pid": os.getpid()})
         elif self.path == "/metrics":
             self._send(200, metrics.exposition(), "text/plain; version=0.0.4")
         elif self.path == "/v1/stats":
@@ -82,7 +86,9 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(length) or b"{}")
             if not isinstance(body, dict):
                 raise BlockdError("bad_request", "the request body must be a JSON object")
-            self._json(200, self._route(body))
+            with self.server.daemon.gate.operation():  # a handoff waits for it, or it for the handoff
+                result = self._route(body)
+            self._json(200, result)
         except BlockdError as exc:
             self._json(STATUS.get(exc.code, 500), {"error": exc.code, "message": str(exc)})
         except NotFoundError as exc:

@@ -9,10 +9,8 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
@@ -51,10 +49,9 @@ def serve(args: argparse.Namespace) -> int:
     from warren_blockd import logs
 
     logs.configure(args.log_level)
-    import mfusepy
-
+    from warren_blockd import handoff
     from warren_blockd.api import Server
-    from warren_blockd.daemon import Daemon, Settings
+    from warren_blockd.daemon import Daemon, HandoffError, Settings
 
     settings = Settings(
         backlog_bound=args.backlog_bound,
@@ -63,53 +60,129 @@ def serve(args: argparse.Namespace) -> int:
         consolidate_records=args.consolidate_records,
     )
     daemon = Daemon(open_store(args.store, args.s3_endpoint), Path(args.state_dir), settings)
-    daemon.clean_stale()
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         stop.set()
 
-    # Ours before libfuse starts: it installs its own only where the handler is the default.
+    handoff_path = Path(args.handoff_socket or Path(args.socket).with_name("handoff.sock"))
+    ready_file = Path(args.ready_file) if args.ready_file else None
+    if ready_file:
+        ready_file.unlink(missing_ok=True)
+    # A daemon already serving this node hands everything over; a signal meanwhile kills
+    # this process (the default handlers), which leaves the old one serving.
+    try:
+        took_over = handoff.take_over(daemon, handoff_path, args.handoff_timeout)
+    except HandoffError as exc:
+        log.error("handoff failed: the old daemon serves on; exiting", extra={"fields": {"error": str(exc)}})
+        return 1
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
-
-    def run_fuse() -> None:
-        mfusepy.FUSE(
-            daemon.fs, str(daemon.fuse_dir), foreground=True, nothreads=False, fsname="warren-blockd"
-        )
-        stop.set()
-
-    fuse = threading.Thread(target=run_fuse, name="fuse", daemon=True)
-    fuse.start()
-    if not daemon.ready.wait(30):
-        log.error("the FUSE mount did not come up; is /dev/fuse there and fuse3 installed?")
+    if not took_over and not _plain_start(daemon, args.socket, stop):
         return 1
+    threading.Thread(target=_stop_when_fuse_ends, args=(daemon, stop), name="fuse-watch", daemon=True).start()
     server = Server(Path(args.socket), daemon)
     threading.Thread(target=server.serve_forever, name="api", daemon=True).start()
     threading.Thread(target=daemon.background, name="background", daemon=True).start()
+    handed_over = threading.Event()
+
+    def on_handed_over() -> None:
+        if ready_file:
+            ready_file.unlink(missing_ok=True)
+        handed_over.set()
+        if args.after_handoff == "exit":
+            stop.set()
+
+    listener = handoff.Listener(handoff_path, daemon, on_handed_over, args.handoff_timeout)
+    threading.Thread(target=listener.serve_forever, name="handoff", daemon=True).start()
     if args.metrics_port:
-        from prometheus_client import start_http_server
-
-        from warren_blockd.metrics import REGISTRY
-
-        start_http_server(args.metrics_port, addr=args.metrics_addr, registry=REGISTRY)
+        _serve_metrics(args.metrics_port, args.metrics_addr)
+    if ready_file:
+        ready_file.write_text(daemon.instance)
     log.info(
         "serving",
-        extra={"fields": {"socket": args.socket, "state_dir": args.state_dir, "version": __version__}},
+        extra={
+            "fields": {
+                "socket": args.socket,
+                "state_dir": args.state_dir,
+                "version": __version__,
+                "took_over": took_over,
+            }
+        },
     )
     stop.wait()
+    with listener.lock:  # a handoff under way finishes first, one way or the other
+        listener.close()
+    if handed_over.is_set():
+        # Everything is the new daemon's: no unmount, no detach, no flush from here.
+        server.shutdown()
+        log.info("exiting after the handoff")
+        return 0
     log.info("stopping: unmounting workspaces")
     server.shutdown()
     daemon.shutdown()
-    # Loop devices let go of the FUSE files a moment after their detach: retry, and detach
-    # lazily at last, so no mount outlives the daemon (a dead one answers ENOTCONN).
-    for _ in range(20):
-        if subprocess.run(["fusermount3", "-u", str(daemon.fuse_dir)], check=False).returncode == 0:
-            break
-        time.sleep(0.25)
-    else:
-        subprocess.run(["fusermount3", "-u", "-z", str(daemon.fuse_dir)], check=False)
-    fuse.join(10)
+    daemon.stop_fuse()
+    return 0
+
+
+def _stop_when_fuse_ends(daemon: Any, stop: threading.Event) -> None:
+    """Unmounted or aborted under us (a handoff stops the reader, it does not end the
+    connection): nothing can be served any more."""
+    session = daemon.session
+    if session is not None and session.ended.wait() and not daemon.gate.handed_over:
+        log.error("the FUSE connection ended; stopping")
+        stop.set()
+
+
+def _serve_metrics(port: int, addr: str) -> None:
+    from prometheus_client import start_http_server
+
+    from warren_blockd.metrics import REGISTRY
+
+    start_http_server(port, addr=addr, registry=REGISTRY)
+
+
+def _answers(socket_path: str) -> bool:
+    try:
+        Client(socket_path, timeout=5).request("GET", "/healthz")
+    except (OSError, ApiError, ValueError):
+        return False
+    return True
+
+
+def _plain_start(daemon: Any, socket_path: str, stop: threading.Event) -> bool:
+    """No daemon to take over from: clean what a dead one left, mount FUSE afresh. A live
+    daemon that cannot hand over (a version before the handoff) is waited for first:
+    cleaning up under it would take its workspaces away while it still serves them."""
+    if _answers(socket_path):
+        log.warning("a daemon without the handoff serves this node; waiting for it to exit")
+        while _answers(socket_path):
+            if stop.wait(2):
+                return False
+    daemon.clean_stale()
+    try:
+        daemon.start_fuse()
+    except OSError as exc:
+        log.error("mounting FUSE failed; is /dev/fuse there?", extra={"fields": {"error": str(exc)}})
+        return False
+    if not daemon.ready.wait(30):
+        log.error("the kernel did not initialise the FUSE mount within 30 s")
+        return False
+    return True
+
+
+def probe(args: argparse.Namespace) -> int:
+    """Readiness of one daemon process: it wrote its instance id to --ready-file, and the
+    API socket (shared by an old and a new daemon during a handoff) is answered by it."""
+    try:
+        instance = Path(args.ready_file).read_text().strip()
+        health = Client(args.socket, timeout=5).request("GET", "/healthz")
+    except (OSError, ApiError) as exc:
+        print(f"warren-blockd: not ready: {exc}", file=sys.stderr)
+        return 1
+    if not health.get("ok") or health.get("instance") != instance:
+        print("warren-blockd: not ready: another daemon answers on the socket", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -300,6 +373,41 @@ def _store_commands(sub: Any) -> None:
     g.set_defaults(func=collect)
 
 
+def _serve_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--metrics-port", type=int, default=0, help="also serve /metrics on this TCP port")
+    s.add_argument("--metrics-addr", default="127.0.0.1")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(func=serve)
+    s.add_argument(
+        "--handoff-socket",
+        default=os.environ.get("WARREN_BLOCKD_HANDOFF_SOCKET"),
+        help="where a running daemon hands over to a new one (default: handoff.sock beside --socket)",
+    )
+    s.add_argument(
+        "--handoff-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long each handoff step may take before the old daemon serves on",
+    )
+    s.add_argument(
+        "--after-handoff",
+        choices=["exit", "wait"],
+        default="exit",
+        help="once handed over: exit, or wait for a signal (in a pod, whose container would restart)",
+    )
+    s.add_argument(
+        "--ready-file",
+        help="written while this process serves (its instance id), removed once it has handed over",
+    )
+
+
+def _probe_command(sub: Any) -> None:
+    r = sub.add_parser("probe", help="exit 0 if the daemon of --ready-file is the one answering on --socket")
+    r.add_argument("--ready-file", required=True)
+    r.set_defaults(func=probe)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="warren-blockd", description=__doc__)
     top.add_argument("--version", action="version", version=__version__)
@@ -323,10 +431,7 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--flush-interval", type=float, default=1.0, help="seconds between batch seals")
     s.add_argument("--consolidate-records", type=int, default=64, help="log records between consolidations")
-    s.add_argument("--metrics-port", type=int, default=0, help="also serve /metrics on this TCP port")
-    s.add_argument("--metrics-addr", default="127.0.0.1")
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    s.set_defaults(func=serve)
+    _serve_options(s)
 
     k = sub.add_parser("csi", help="the CSI node plugin (driver blockd.warren.dev) for kubelet")
     k.add_argument("--endpoint", required=True, help="the CSI socket, unix:///PATH (kubelet calls it)")
@@ -378,6 +483,7 @@ def parser() -> argparse.ArgumentParser:
         u.add_argument("--wait-replicated", type=float, default=None, metavar="SECONDS")
     sub.add_parser("stats", help="per-workspace state as JSON")
     _store_commands(sub)
+    _probe_command(sub)
     sub.add_parser("metrics", help="Prometheus exposition")
     for name in ("create", "fork", "mount", "restore", "unmount", "flush", "stats", "metrics"):
         sub.choices[name].set_defaults(func=call)

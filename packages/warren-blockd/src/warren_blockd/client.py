@@ -5,9 +5,11 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import time
 from typing import Any
 
 DEFAULT_SOCKET = "/run/warren-blockd/api.sock"
+HANDOFF_RETRY = 60.0  # seconds a request answered `handed_over` is retried (the new daemon binds the socket)
 
 
 class ApiError(Exception):
@@ -33,6 +35,18 @@ class Client:
         self.socket_path, self.timeout = socket_path, timeout
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        deadline = time.monotonic() + HANDOFF_RETRY
+        while True:
+            try:
+                return self._request(method, path, body)
+            except ApiError as exc:
+                # The daemon that answered handed its workspaces to a new one, which listens
+                # on this socket a moment later: the request was not run, so it is retried.
+                if exc.code != "handed_over" or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         conn = _UnixConnection(self.socket_path, self.timeout)
         try:
             payload = json.dumps(body).encode() if body is not None else None

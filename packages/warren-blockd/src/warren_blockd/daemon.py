@@ -4,11 +4,20 @@ State on node disk (`state_dir`):
   fuse/                   the FUSE mount: one file per attached workspace
   cache/                  verified chunks fetched from storage
   workspaces/<id>/        dirty.img (copy-on-write layer), spool/ (batches not yet
-                          replicated), mount.json (what to clean up after a crash)
+                          replicated), mount.json (what to clean up after a crash);
+                          base.manifest and dirty.map while a handoff is under way
+  handoff.json            what the last handoff passed on (for whoever looks)
+
+A handoff (handoff.py) moves everything to a new daemon on the same node without closing
+the FUSE connection: `quiesce` stops this one at a clean point (no FUSE request in flight,
+every write sealed in the spool, no uploader running, no API operation under way) and
+`export` writes what the new one needs; the new one `adopt`s it. Until the new daemon
+acknowledges, `resume` puts this one back exactly where it stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -16,17 +25,21 @@ import shutil
 import subprocess
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warren_blockd import metrics
+from warren_blockd import fuse_session, metrics
 from warren_blockd.blobs.policy import PolicyStore
 from warren_blockd.cache import ChunkCache
 from warren_blockd.chunker import chunk_image
 from warren_blockd.csi import mounts
 from warren_blockd.device import Device
+from warren_blockd.fuse_wire import InitParams
 from warren_blockd.fusefs import DeviceFS
 from warren_blockd.ids import WORKSPACE_ID_RULE, valid_workspace_id
 from warren_blockd.manifest import BLOCK_SIZE, Manifest
@@ -83,6 +96,72 @@ class Settings:
     fork_wait: float = 60.0  # how long a fork waits for the source's writes to be replicated
 
 
+class Gate:
+    """API operations against a handoff. Operations run side by side; `hold` waits for the
+    ones under way and keeps new ones waiting; `release` lets them go on (the handoff
+    failed) or refuses them with `handed_over` (the client retries and reaches the new
+    daemon once it listens on the socket)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._held = False
+        self.handed_over = False
+
+    def _refuse_if_handed_over(self) -> None:
+        if self.handed_over:
+            raise BlockdError(
+                "handed_over", "this daemon handed its workspaces to a new one on this node; retry"
+            )
+
+    @contextmanager
+    def operation(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._held)
+            self._refuse_if_handed_over()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def unless_held(self) -> Iterator[bool]:
+        """An operation that is skipped (yields False) rather than waits while held."""
+        with self._cond:
+            entered = not self._held and not self.handed_over
+            if entered:
+                self._active += 1
+        try:
+            yield entered
+        finally:
+            if entered:
+                with self._cond:
+                    self._active -= 1
+                    self._cond.notify_all()
+
+    def hold(self, timeout: float) -> bool:
+        with self._cond:
+            self._held = True
+            if self._cond.wait_for(lambda: self._active == 0, timeout):
+                return True
+            self._held = False
+            self._cond.notify_all()
+            return False
+
+    def release(self, handed_over: bool) -> None:
+        with self._cond:
+            self._held = False
+            self.handed_over = handed_over
+            self._cond.notify_all()
+
+
+class HandoffError(RuntimeError):
+    """A handoff step that failed; the old daemon resumes, the new one exits."""
+
+
 def mounts_of(device: str) -> list[str]:
     """Every mount point of the filesystem on `device` (bind mounts included), deepest first."""
     try:
@@ -97,11 +176,17 @@ def mounts_of(device: str) -> list[str]:
 class Daemon:
     def __init__(self, store: PolicyStore, state_dir: Path, settings: Settings = Settings()) -> None:
         self.store = store
-        self.state = state_dir
+        # Resolved once here: nothing may stat a path inside the FUSE mount while its
+        # requests are not being read (a handoff), and resolving fuse/ later would.
+        self.state = state_dir.resolve()
         self.settings = settings
-        self.fuse_dir = state_dir / "fuse"
+        self.fuse_dir = self.state / "fuse"
         self.ready = threading.Event()
-        self.fs = DeviceFS(on_ready=self.ready.set)
+        self.fs = DeviceFS()
+        self.session: fuse_session.Session | None = None
+        self.gate = Gate()
+        self.fuse_paused_at = 0.0  # monotonic time the last handoff stopped reading FUSE
+        self.instance = uuid.uuid4().hex  # tells this process's answers from another's on a shared socket
         self.cache = ChunkCache(state_dir / "cache", store, settings.cache_memory)
         self.attached: dict[str, Attached] = {}
         # Detached before their spool drained: still uploading; a new attach waits for them.
@@ -126,8 +211,37 @@ class Daemon:
             record.unlink()
             log.info("cleaned stale mount", extra={"fields": info})
         # A FUSE mount whose process died answers every stat with ENOTCONN: detach it first.
-        subprocess.run(["fusermount3", "-u", "-z", str(self.fuse_dir)], capture_output=True, check=False)
+        with contextlib.suppress(OSError):  # nothing mounted there
+            fuse_session.unmount(self.fuse_dir, lazy=True)
         self.fuse_dir.mkdir(parents=True, exist_ok=True)
+
+    def start_fuse(self, workers: int = 16) -> None:
+        """Mount the FUSE file system and serve it; `ready` is set once the kernel's INIT
+        is answered."""
+        self.fuse_dir.mkdir(parents=True, exist_ok=True)
+        fd = fuse_session.mount_fuse(self.fuse_dir)
+        self.session = fuse_session.Session(
+            fd, self.fs.handle, workers=workers, on_init=lambda _params: self.ready.set()
+        )
+        self.session.start()
+
+    def stop_fuse(self) -> None:
+        """Unmount the FUSE file system (after `shutdown`) and let go of the connection."""
+        # Loop devices let go of the FUSE files a moment after their detach: retry, and detach
+        # lazily at last, so no mount outlives the daemon (a dead one answers ENOTCONN).
+        for _ in range(20):
+            try:
+                fuse_session.unmount(self.fuse_dir)
+                break
+            except OSError:
+                time.sleep(0.25)
+        else:
+            try:
+                fuse_session.unmount(self.fuse_dir, lazy=True)
+            except OSError as exc:
+                log.error("unmounting the FUSE file system failed", extra={"fields": {"error": str(exc)}})
+        if self.session is not None:
+            self.session.close()
 
     def background(self) -> None:
         """Seal batches every flush_interval and consolidate manifests now and then."""
@@ -135,6 +249,11 @@ class Daemon:
             self.tick()
 
     def tick(self) -> None:
+        with self.gate.unless_held() as entered:
+            if entered:  # a handoff holds every workspace still: no seal, no consolidation
+                self._tick()
+
+    def _tick(self) -> None:
         with self._lock:
             items = list(self.attached.items())
         for workspace_id, att in items:
@@ -380,7 +499,12 @@ class Daemon:
         if att.replicator.error:  # a stopped lane says why, whatever the filesystem says
             raise att.replicator.error
         if att.target:
-            run("sync", "-f", att.target)  # the filesystem's dirty pages reach the device first
+            try:
+                run("sync", "-f", att.target)  # the filesystem's dirty pages reach the device first
+            except BlockdError:
+                if att.replicator.error:  # the lane stopped meanwhile: that is why the sync failed
+                    raise att.replicator.error from None
+                raise
         receipt = att.device.flush()
         if wait_replicated:
             receipt = att.replicator.wait_replicated(receipt.seq, wait_replicated)
@@ -428,3 +552,214 @@ class Daemon:
                 "lane_error": str(rep.error) if rep.error else None,
             }
         return {"workspaces": workspaces, "store_retries": self.store.retries}
+
+    # -- handoff -------------------------------------------------------------------------
+
+    def quiesce(self, timeout: float) -> None:
+        """Stop at a clean point for a handoff: API operations done and held back, no FUSE
+        request in flight and none read, every write sealed on node disk, no uploader running.
+        Raises HandoffError (after `resume`) if a step does not finish within `timeout`."""
+        if self.session is None or self.session.params is None:
+            raise HandoffError("this daemon is not serving FUSE yet")
+        deadline = time.monotonic() + timeout  # one budget for every step
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        if not self.gate.hold(left()):
+            raise HandoffError(f"API operations still running after {timeout}s")
+        try:
+            with self._lock:
+                attached = list(self.attached.items())
+                draining = list(self._draining.items())
+            # Uploaders first, while the sandboxes are still served: waiting for a record in
+            # flight is the slow step, and no sandbox should wait for it.
+            for workspace_id, replicator in [(w, a.replicator) for w, a in attached] + draining:
+                if not replicator.pause(left()):
+                    raise HandoffError(f"{workspace_id}: its uploader did not stop within {timeout}s")
+            self.fuse_paused_at = time.monotonic()  # from here the sandboxes wait (a metric)
+            if not self.session.pause(left()):
+                raise HandoffError(f"FUSE requests still in flight after {timeout}s")
+            for workspace_id, att in attached:
+                try:
+                    att.device.flush()  # the write batch sealed in the spool: the new one reads it there
+                except Exception as exc:
+                    raise HandoffError(f"{workspace_id}: sealing its writes failed: {exc}") from exc
+        except BaseException:
+            self.resume()
+            raise
+
+    def resume(self) -> None:
+        """Serve again after `quiesce` (the handoff failed): nothing was lost or changed."""
+        with self._lock:
+            replicators = [a.replicator for a in self.attached.values()] + list(self._draining.values())
+        for replicator in replicators:
+            replicator.resume()
+        if self.session is not None:
+            self.session.start()
+        self.gate.release(handed_over=False)
+        log.info("resumed after a failed handoff")
+
+    def export(self) -> dict[str, Any]:
+        """What the new daemon needs, after `quiesce`: per workspace the manifest it was
+        attached from and the map of its dirty layer (files beside its spool), and in the
+        returned document its loop device, mount target and replication position, the FUSE
+        node table and INIT parameters. Also written to `handoff.json`."""
+        if self.session is None or self.session.params is None:
+            raise HandoffError("this daemon is not serving FUSE")
+        workspaces = []
+        for workspace_id, att in sorted(self.attached.items()):
+            wdir = self._dir(workspace_id)
+            _write_file(wdir / "base.manifest", att.device.manifest.to_bytes())
+            _write_file(wdir / "dirty.map", att.device.dirty_map())
+            workspaces.append(
+                {
+                    "id": workspace_id,
+                    "loop": att.loop,
+                    "target": att.target,
+                    "generation_seq": att.generation_seq,
+                    "consolidated_seq": att.consolidated_seq,
+                    "next_seq": att.replicator.replicated_seq + 1,
+                    "next_spool_seq": att.replicator.next_spool_seq,
+                }
+            )
+        draining = [
+            {"id": w, "next_seq": r.replicated_seq + 1, "next_spool_seq": r.next_spool_seq}
+            for w, r in sorted(self._draining.items())
+        ]
+        doc = {
+            "version": 1,
+            "pid": os.getpid(),
+            "fuse": {
+                "init": self.session.params.to_doc(),
+                "nodes": self.fs.nodes(),
+                "started_ns": self.fs.started_ns,
+                "device": self._fuse_device(),
+            },
+            "workspaces": workspaces,
+            "draining": draining,
+        }
+        _write_file(self.state / "handoff.json", json.dumps(doc, indent=2).encode())
+        return doc
+
+    def handed_over(self) -> None:
+        """The new daemon acknowledged: let go of everything without touching it (the
+        mounts, loop devices, spools and the FUSE connection are the new daemon's now)."""
+        self.gate.release(handed_over=True)
+        self._stop.set()
+        if self.session is not None:
+            self.session.close()  # our copy of the descriptor; the new daemon holds its own
+        with self._lock:
+            for att in self.attached.values():
+                att.device.close()
+        log.info("handed over", extra={"fields": {"workspaces": sorted(self.attached)}})
+
+    def adopt(self, doc: dict[str, Any], fuse_fd: int, tree_fd: int | None) -> None:
+        """Take over what `export` wrote, without serving yet (`serve_adopted` starts that):
+        the FUSE mount made visible here, every workspace attached from its node state and
+        spool with its uploader ready, the session ready to read the same connection."""
+        if doc.get("version") != 1:
+            raise HandoffError(f"handoff document version {doc.get('version')!r}: this daemon reads 1")
+        fuse = doc["fuse"]
+        self._show_fuse_mount(str(fuse["device"]), tree_fd)
+        nodes = {str(name): int(nodeid) for name, nodeid in fuse["nodes"].items()}
+        self.fs = DeviceFS(nodes=nodes, started_ns=int(fuse["started_ns"]))
+        for item in doc["workspaces"]:
+            workspace_id = check_id(item["id"])
+            wdir = self._dir(workspace_id)
+            ws = Workspace(self.store, workspace_id)
+            replicator = self._handed_replicator(ws, item)
+            try:
+                manifest = Manifest.from_bytes((wdir / "base.manifest").read_bytes())
+                device = Device(
+                    manifest,
+                    self.cache,
+                    replicator,
+                    wdir / "dirty.img",
+                    self.settings.batch_bytes,
+                    dirty_map=(wdir / "dirty.map").read_bytes(),
+                )
+            except (OSError, ValueError) as exc:
+                raise HandoffError(f"{workspace_id}: its node state cannot be adopted: {exc}") from exc
+            self.attached[workspace_id] = Attached(
+                ws,
+                device,
+                replicator,
+                int(item["generation_seq"]),
+                loop=item["loop"],
+                target=item["target"],
+                consolidated_seq=int(item["consolidated_seq"]),
+            )
+            self.fs.attach(workspace_id, device)
+        for item in doc["draining"]:
+            workspace_id = check_id(item["id"])
+            self._draining[workspace_id] = self._handed_replicator(Workspace(self.store, workspace_id), item)
+        self.session = fuse_session.Session(fuse_fd, self.fs.handle, params=InitParams.from_doc(fuse["init"]))
+
+    def _handed_replicator(self, ws: Workspace, item: dict[str, Any]) -> Replicator:
+        spool = self._dir(ws.workspace_id) / "spool"
+        replicator = Replicator(ws, spool, self.settings.backlog_bound, int(item["next_seq"]), start=False)
+        if replicator.next_spool_seq != int(item["next_spool_seq"]):
+            raise HandoffError(
+                f"{ws.workspace_id}: the spool holds batches up to {replicator.next_spool_seq - 1}, the old "
+                f"daemon sealed up to {int(item['next_spool_seq']) - 1}"
+            )
+        return replicator
+
+    def _fuse_device(self) -> str | None:
+        """major:minor of the mount on top at fuse/, from the mount table: a stat would ask
+        the FUSE file system itself, which answers nothing while a handoff holds it."""
+        found = None
+        for entry in mounts.parse(mounts.MOUNTINFO.read_text()):
+            if entry.mount_point == str(self.fuse_dir):
+                found = entry.device
+        return found
+
+    def _show_fuse_mount(self, device: str, tree_fd: int | None) -> None:
+        """The same FUSE mount at our fuse/: already there in a shared mount namespace, else
+        attached from the copy the old daemon sent (a pod has a namespace of its own)."""
+        # Not mkdir(exist_ok=True): that stats an existing directory, here the paused mount.
+        with contextlib.suppress(FileExistsError):
+            self.fuse_dir.mkdir(0o700)
+        if self._fuse_device() == device:
+            return
+        if tree_fd is None:
+            raise HandoffError(f"{self.fuse_dir} is not the old daemon's FUSE mount and no copy of it came")
+        try:
+            fuse_session.attach_mount(tree_fd, self.fuse_dir)
+        except OSError as exc:
+            raise HandoffError(f"attaching the old daemon's FUSE mount at {self.fuse_dir}: {exc}") from exc
+        if self._fuse_device() != device:
+            raise HandoffError(f"{self.fuse_dir} still is not the old daemon's FUSE mount")
+
+    def serve_adopted(self) -> None:
+        """After the old daemon's acknowledgement: upload, read FUSE requests, seal and
+        consolidate, in that order (uploads first: writes may be waiting at the bound)."""
+        if self.session is None:
+            raise HandoffError("nothing was adopted")
+        for att in self.attached.values():
+            att.replicator.start()
+        for replicator in self._draining.values():
+            replicator.start()
+        self.session.start()
+        metrics.MOUNTED.set(sum(1 for a in self.attached.values() if a.target))
+        self.ready.set()
+        for workspace_id in self.attached:
+            for name in ("base.manifest", "dirty.map"):
+                (self._dir(workspace_id) / name).unlink(missing_ok=True)
+
+    def abandon_adoption(self) -> None:
+        """The handoff failed on this side: let go of what `adopt` opened, touching nothing."""
+        for att in self.attached.values():
+            att.device.close()
+        self.attached.clear()
+        self._draining.clear()
+        if self.session is not None:
+            os.close(self.session.fd)
+            self.session = None
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)

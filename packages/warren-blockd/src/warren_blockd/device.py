@@ -6,7 +6,9 @@ file on node disk) and in the replicator's batch; a batch is sealed on node disk
 flush, and when it grows past `batch_bytes`, so memory stays bounded.
 
 The dirty layer is a cache, not the record: after a restart it is rebuilt from the spool
-(batches not yet replicated), and everything older comes back from storage.
+(batches not yet replicated), and everything older comes back from storage. A handoff is
+not a restart: the new daemon adopts the layer as it is (`dirty_map`, the bitmap of what
+was written), with the manifest the old daemon attached from, so nothing is fetched again.
 """
 
 from __future__ import annotations
@@ -31,17 +33,28 @@ class Device:
         replicator: Replicator,
         dirty_path: Path,
         batch_bytes: int = 32 << 20,
+        *,
+        dirty_map: bytes | None = None,
     ) -> None:
         self.manifest = manifest
         self.cache = cache
         self.replicator = replicator
         self.size = manifest.size_blocks * BLOCK_SIZE
         self.batch_blocks = max(1, batch_bytes // BLOCK_SIZE)
+        self._write_lock = threading.Lock()
+        if dirty_map is not None:  # a handoff: the layer and its map as the old daemon left them
+            if len(dirty_map) != (manifest.size_blocks + 7) // 8:
+                raise ValueError(f"a dirty map of {len(dirty_map)} bytes for {manifest.size_blocks} blocks")
+            self._fd = os.open(dirty_path, os.O_RDWR)
+            if os.fstat(self._fd).st_size != self.size:
+                os.close(self._fd)
+                raise ValueError(f"{dirty_path} is not {self.size} bytes long")
+            self._dirty = bytearray(dirty_map)
+            return
         dirty_path.unlink(missing_ok=True)
         self._fd = os.open(dirty_path, os.O_RDWR | os.O_CREAT, 0o600)
         os.ftruncate(self._fd, self.size)
         self._dirty = bytearray((manifest.size_blocks + 7) // 8)  # one bit per block
-        self._write_lock = threading.Lock()
         for first, data in replicator.spooled():  # not yet replicated: serve it from here
             self._store_blocks(first, data)
 
@@ -105,6 +118,11 @@ class Device:
         metrics.FLUSHES.inc()
         metrics.BACKPRESSURE_WAITS.inc(self.replicator.waits - before)
         return receipt
+
+    def dirty_map(self) -> bytes:
+        """The bitmap of blocks held in the dirty layer (for a handoff, once writes stopped)."""
+        with self._write_lock:
+            return bytes(self._dirty)
 
     def dirty_blocks(self) -> int:
         return sum(bin(byte).count("1") for byte in self._dirty)

@@ -3,8 +3,10 @@
 The chunker uses these maps to cut chunks at file boundaries, so the same file content
 yields the same chunks wherever the file lies on the device. Only what that needs is
 read: the superblock, the group descriptors, the inode bitmaps and tables, and the extent
-trees. Nothing is written and no checksum is verified: a wrong map costs deduplication,
-never correctness, because the chunker stores every block's bytes either way.
+trees. The journal is not replayed: an image whose journal needs recovery (not cleanly
+unmounted, or still mounted somewhere) is read as its metadata in place stands, which may
+lack the newest files. Nothing is written and no checksum is verified: a wrong map costs
+deduplication, never correctness, because the chunker stores every block's bytes either way.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ class Replicator:
         self.error: SplitBrainError | FatalError | None = None
         self._closing = False
         self._abandon = False
+        self._paused = False  # a handoff: stop at a batch boundary, keep everything
         self.waits = 0  # times a writer waited at the bound (a metric)
         self._thread = threading.Thread(
             target=self._upload_loop, name=f"replicate-{workspace.workspace_id}", daemon=True
@@ -69,6 +70,33 @@ class Replicator:
     def start(self) -> None:
         """Start uploading (a caller that must read the spool first creates us with start=False)."""
         self._thread.start()
+
+    def pause(self, timeout: float) -> bool:
+        """Stop uploading between two records and wait for the uploader to end (a handoff:
+        two uploaders on one lane would be split brain). The spool and the queue stay as
+        they are. False if the uploader is still at work after `timeout`."""
+        with self._cond:
+            self._paused = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def resume(self) -> None:
+        """Upload again after a `pause` (the handoff failed: this process goes on)."""
+        with self._cond:
+            self._paused = False
+            if self._thread.is_alive() or self.error is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._upload_loop, name=f"replicate-{self.workspace.workspace_id}", daemon=True
+            )
+        self._thread.start()
+
+    @property
+    def next_spool_seq(self) -> int:
+        """The sequence number the next sealed batch gets."""
+        with self._cond:
+            return self._next_spool_seq
 
     # -- writers ---------------------------------------------------------------------
 
@@ -101,9 +129,11 @@ class Replicator:
                     "replicated" if self.replicated_seq >= last else "local"
                 )
                 return Receipt(self.workspace.workspace_id, last, level)
-            while self._backlog >= self.bound and not self.error:
+            # At the bound: slow down until the uploader drains. Not while a handoff holds the
+            # uploader: the batch goes past the bound for that moment, to the new uploader.
+            while self._backlog >= self.bound and not self.error and not self._paused:
                 self.waits += 1
-                self._cond.wait()  # at the bound: slow down until the uploader drains
+                self._cond.wait()
             if self.error:
                 raise self.error
             seq = self._next_spool_seq
@@ -191,8 +221,8 @@ class Replicator:
         inflight: dict[int, tuple[list[SealedRun], list[Future[str]]]] = {}
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closing)
-                if self._closing and (self._abandon or not self._queue):
+                self._cond.wait_for(lambda: self._queue or self._closing or self._paused)
+                if self._paused or (self._closing and (self._abandon or not self._queue)):
                     return
                 window = self._window()
             for seq in window:

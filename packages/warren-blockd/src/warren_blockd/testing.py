@@ -49,6 +49,13 @@ class Weed:
                 "-ip=127.0.0.1",
                 "-ip.bind=127.0.0.1",  # every server, gRPC included, on loopback only
                 "-master.telemetry=false",
+                # Every bucket is a collection with volumes of its own, and by default the
+                # volume count is the free disk divided by the volume size: a suite that
+                # makes a bucket per test ran out on a fuller disk ("No writable volumes and
+                # no free volumes left", an InternalError to the client). Small volumes and a
+                # fixed count make the suite independent of the disk (volumes are sparse).
+                "-master.volumeSizeLimitMB=64",
+                "-volume.max=2000",
                 f"-s3.port={self.port}",
             ],
             stdout=log,
@@ -113,12 +120,23 @@ def make_bucket(endpoint: str) -> str:
 
 class BlockdProcess:
     """A real `warren-blockd serve` process with its own state directory (its node state
-    under `node/`, its socket and log beside it)."""
+    under `node/`, its socket and log beside it). A second process on the same `state`
+    (another `log_name`) is a new daemon beside the first: it takes over by handoff, and
+    counts as started once the socket answers with its own process id."""
 
-    def __init__(self, state: Path, store: str, endpoint: str | None, *extra: str) -> None:
+    def __init__(
+        self,
+        state: Path,
+        store: str,
+        endpoint: str | None,
+        *extra: str,
+        log_name: str = "daemon.log",
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+    ) -> None:
         self.state = state
         self.socket = state / "api.sock"
-        self.log_path = state / "daemon.log"
+        self.log_path = state / log_name
         state.mkdir(parents=True, exist_ok=True)
         cmd = [
             str(Path(sys.executable).parent / "warren-blockd"),
@@ -133,17 +151,24 @@ class BlockdProcess:
         ]
         if endpoint:
             cmd += ["--s3-endpoint", endpoint]
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": "any", "AWS_SECRET_ACCESS_KEY": "any"}
+        full_env = {**os.environ, "AWS_ACCESS_KEY_ID": "any", "AWS_SECRET_ACCESS_KEY": "any", **(env or {})}
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
         self.client = Client(str(self.socket), timeout=300)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if self.client.request("GET", "/healthz")["ok"]:
-                    break
-            except OSError:
-                pass
+        if wait:
+            self.wait_serving()
+
+    def serving(self) -> bool:
+        """Whether this process is the one answering on the socket, ready."""
+        try:
+            health = self.client.request("GET", "/healthz")
+        except OSError:
+            return False
+        return bool(health["ok"]) and health.get("pid") == self.proc.pid
+
+    def wait_serving(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.serving():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"warren-blockd did not start:\n{self.log()}")
             time.sleep(0.1)
@@ -170,14 +195,25 @@ class CsiPluginProcess:
     `root`; its sockets in a short directory of their own (a socket path has at most 107
     bytes, which a test's temporary directory can exceed)."""
 
-    def __init__(self, root: Path, blockd_socket: Path, node_id: str = "test-node", *extra: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        blockd_socket: Path,
+        node_id: str = "test-node",
+        *extra: str,
+        sockets: Path | None = None,
+        log_name: str = "csi.log",
+    ) -> None:
         self.root = root
-        self.sockets = Path(tempfile.mkdtemp(prefix="blockd-csi-"))
+        # Another plugin's sockets directory: a second plugin on the same paths (a rollout);
+        # whoever owns it removes it at its stop.
+        self.owns_sockets = sockets is None
+        self.sockets = sockets or Path(tempfile.mkdtemp(prefix="blockd-csi-"))
         self.endpoint = self.sockets / "csi" / "csi.sock"
         self.registration_dir = self.sockets / "plugins_registry"
         self.registration_socket = self.registration_dir / "blockd.warren.dev-reg.sock"
         self.plugin_dir = root / "plugin"
-        self.log_path = root / "csi.log"
+        self.log_path = root / log_name
         root.mkdir(parents=True, exist_ok=True)
         cmd = [
             str(Path(sys.executable).parent / "warren-blockd"),
@@ -197,7 +233,7 @@ class CsiPluginProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
-        while not (self.endpoint.exists() and self.registration_socket.exists()):
+        while '"serving"' not in self.log():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"warren-blockd csi did not start:\n{self.log()}")
@@ -214,4 +250,5 @@ class CsiPluginProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        shutil.rmtree(self.sockets, ignore_errors=True)
+        if self.owns_sockets:
+            shutil.rmtree(self.sockets, ignore_errors=True)

@@ -4,6 +4,12 @@
 A registration kubelet reports as failed ends the process with status 1 (as kubelet's own
 node-driver-registrar does): whatever supervises it starts it again, and kubelet retries
 when the new registration socket appears.
+
+During a rollout two plugin processes (an old pod's and a new one's) briefly share both
+socket paths. Each socket is bound under a temporary name and renamed into place, so the
+path never goes missing (kubelet's plugin watcher sees a new socket, never a removed one,
+and re-registers the driver without a gap); and a plugin that stops removes a path only if
+it still holds its own socket, never its successor's.
 """
 
 from __future__ import annotations
@@ -55,16 +61,35 @@ def endpoint_path(endpoint: str) -> Path:
 SUN_PATH_MAX = 107  # a unix socket's path fits in sockaddr_un.sun_path (108 bytes with NUL)
 
 
-def _listen(server: grpc.Server, path: Path) -> None:
-    if len(str(path).encode()) > SUN_PATH_MAX:
-        raise SystemExit(f"socket path {path} is longer than {SUN_PATH_MAX} bytes: choose a shorter one")
+def _listen(server: grpc.Server, path: Path) -> tuple[int, int]:
+    """Bind `server` at `path`, replacing whatever socket is there in one rename; returns
+    the socket file's identity (device, inode) for `_remove_if_ours`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    if len(str(tmp).encode()) > SUN_PATH_MAX:
+        raise SystemExit(f"socket path {path} is longer than {SUN_PATH_MAX - 12} bytes: choose a shorter one")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)  # a socket left by an earlier run
+    tmp.unlink(missing_ok=True)
     old = os.umask(0o077)  # both sockets are root's: whoever reaches them mounts workspaces
     try:
-        server.add_insecure_port(f"unix:{path}")
+        server.add_insecure_port(f"unix:{tmp}")
     finally:
         os.umask(old)
+    info = tmp.stat()
+    tmp.replace(path)
+    return info.st_dev, info.st_ino
+
+
+def _remove_if_ours(path: Path, identity: tuple[int, int]) -> None:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return
+    if (info.st_dev, info.st_ino) == identity:
+        path.unlink(missing_ok=True)
+    else:
+        log.info(
+            "left the socket in place: another plugin serves it now", extra={"fields": {"path": str(path)}}
+        )
 
 
 def run(config: PluginConfig) -> int:
@@ -92,14 +117,14 @@ def run(config: PluginConfig) -> int:
     csi = grpc.server(ThreadPoolExecutor(config.workers, thread_name_prefix="csi"))
     csi_pb2_grpc.add_IdentityServicer_to_server(IdentityService(publisher), csi)
     csi_pb2_grpc.add_NodeServicer_to_server(NodeService(publisher, config.node_id), csi)
-    _listen(csi, config.endpoint)
+    endpoint_id = _listen(csi, config.endpoint)
     registration = grpc.server(ThreadPoolExecutor(2, thread_name_prefix="registration"))
     pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(
         RegistrationService(config.endpoint, on_registration), registration
     )
     csi.start()
     # The registration socket last: kubelet calls the endpoint as soon as it sees it.
-    _listen(registration, config.registration_socket)
+    registration_id = _listen(registration, config.registration_socket)
     registration.start()
     log.info(
         "serving",
@@ -116,10 +141,11 @@ def run(config: PluginConfig) -> int:
         },
     )
     stop.wait()
-    # Socket gone first: kubelet deregisters the plugin and stops calling it.
-    config.registration_socket.unlink(missing_ok=True)
+    # Socket gone first: kubelet deregisters the plugin and stops calling it (unless a new
+    # plugin has replaced it: then kubelet keeps calling that one).
+    _remove_if_ours(config.registration_socket, registration_id)
     registration.stop(grace=1).wait()
     csi.stop(grace=10).wait()
-    config.endpoint.unlink(missing_ok=True)
+    _remove_if_ours(config.endpoint, endpoint_id)
     log.info("stopped", extra={"fields": {"failure": failure[0] if failure else None}})
     return 1 if failure else 0
