@@ -11,7 +11,7 @@ bin_dir=$(tools/build-cluster-binaries.sh)
 export WARREN_BIN_DIR=$bin_dir
 WARREN_HOME=$(mktemp -d "${TMPDIR:-/tmp}/warren-bench-control.XXXXXX")
 export WARREN_HOME
-config=$PWD/tests/cluster/warren-test.yaml
+config=$PWD/tests/cluster/warren-floor.yaml
 kwok_json=$WARREN_HOME/kwok.json
 cleanup() { "$venv/warren" cluster down --wipe --config "$config" || true; rm -rf --one-file-system "$WARREN_HOME"; }
 trap cleanup EXIT

@@ -3,7 +3,8 @@
 An ordinary user of a sandbox namespace (the warren:sandbox-user role, or even the
 built-in namespace admin role) cannot relabel the namespace or touch RuntimeClasses:
 RBAC refuses. A user whom an operator granted too much (namespace and RuntimeClass
-write access cluster-wide) is still refused by the guard policy.
+write access cluster-wide) is still refused by the guard policy, and cannot make a
+sandbox namespace that lacks Pod Security, the floor's second layer.
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ def users(api: client.ApiClient, sandbox_ns: str) -> Iterator[dict[str, str]]:
         {
             "metadata": {"name": f"{bind}-over"},
             "rules": [
-                {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "update", "patch"]},
+                {
+                    "apiGroups": [""],
+                    "resources": ["namespaces"],
+                    "verbs": ["get", "create", "update", "patch"],
+                },
                 {
                     "apiGroups": ["node.k8s.io"],
                     "resources": ["runtimeclasses"],
@@ -78,6 +83,16 @@ def _as(kubeconfig: Path, user: str) -> tuple[client.CoreV1Api, client.NodeV1Api
 
 
 UNLABEL = {"metadata": {"labels": {"warren.dev/sandbox": None}}}
+SANDBOX = {"warren.dev/sandbox": "true"}
+ENFORCE = "pod-security.kubernetes.io/enforce"
+ENFORCE_VERSION = "pod-security.kubernetes.io/enforce-version"
+CONTROLLER = "system:serviceaccount:warren-system:warren-controller"
+
+
+def _new_namespace(labels: dict[str, str]) -> dict[str, object]:
+    return {"metadata": {"name": unique("conf-new"), "labels": labels}}
+
+
 RELABEL_FALSE = {"metadata": {"labels": {"warren.dev/sandbox": "false"}}}
 
 
@@ -164,3 +179,75 @@ def test_namespace_and_runtime_class_intact(
     rc = client.NodeV1Api(api).read_runtime_class(warren_config.isolation.runtime_class)
     assert rc.handler == warren_config.isolation.runtime_handler
     assert not rc.scheduling
+
+
+# -- A sandbox namespace always has its second layer -----------------------------------------
+
+WEAK_SANDBOX_LABELS = {
+    "sandbox-label-only": SANDBOX,
+    "enforce-privileged": {**SANDBOX, ENFORCE: "privileged"},
+    "enforce-old-version": {**SANDBOX, ENFORCE: "baseline", ENFORCE_VERSION: "v1.0"},
+    "warn-only": {**SANDBOX, "pod-security.kubernetes.io/warn": "baseline"},
+}
+
+
+@pytest.mark.parametrize("labels", WEAK_SANDBOX_LABELS.values(), ids=WEAK_SANDBOX_LABELS.keys())
+def test_overgranted_user_cannot_create_sandbox_namespace_without_pod_security(
+    kubeconfig: Path, users: dict[str, str], labels: dict[str, str]
+) -> None:
+    core, _ = _as(kubeconfig, users["over"])
+    outcome = refusal(lambda: core.create_namespace(_new_namespace(labels), dry_run="All"))
+    assert outcome is not None and "[warren:namespace-pod-security]" in outcome.message, outcome
+
+
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+def test_overgranted_user_may_create_sandbox_namespace_with_pod_security(
+    kubeconfig: Path, users: dict[str, str], level: str
+) -> None:
+    core, _ = _as(kubeconfig, users["over"])
+    labels = {**SANDBOX, ENFORCE: level, ENFORCE_VERSION: "latest"}
+    assert refusal(lambda: core.create_namespace(_new_namespace(labels), dry_run="All")) is None
+
+
+def test_overgranted_user_cannot_label_a_plain_namespace_sandbox_without_pod_security(
+    kubeconfig: Path, users: dict[str, str], plain_ns: str
+) -> None:
+    core, _ = _as(kubeconfig, users["over"])
+    outcome = refusal(
+        lambda: core.patch_namespace(plain_ns, {"metadata": {"labels": SANDBOX}}, dry_run="All")
+    )
+    assert outcome is not None and "[warren:namespace-pod-security]" in outcome.message, outcome
+    both = {"metadata": {"labels": {**SANDBOX, ENFORCE: "baseline"}}}
+    assert refusal(lambda: core.patch_namespace(plain_ns, both, dry_run="All")) is None
+
+
+def test_labelled_first_may_be_given_pod_security_later_never_weaker(
+    kubeconfig: Path, users: dict[str, str], sandbox_ns: str
+) -> None:
+    """The platform made `sandbox_ns` with the sandbox label alone (Warren's policy guards it
+    meanwhile: test_pod_security_corpus); Pod Security may be added later, at baseline or
+    stricter, but not at a weaker level or an old version."""
+    core, _ = _as(kubeconfig, users["over"])
+    for labels in ({ENFORCE: "privileged"}, {ENFORCE: "baseline", ENFORCE_VERSION: "v1.0"}):
+        outcome = refusal(
+            lambda p={"metadata": {"labels": labels}}: core.patch_namespace(sandbox_ns, p, dry_run="All")  # type: ignore[misc]
+        )
+        assert outcome is not None and "[warren:namespace-pod-security]" in outcome.message, outcome
+    strong = {"metadata": {"labels": {ENFORCE: "baseline", ENFORCE_VERSION: "latest"}}}
+    assert refusal(lambda: core.patch_namespace(sandbox_ns, strong, dry_run="All")) is None
+
+
+@pytest.mark.parametrize("who", ["user", "ns-admin", "controller"])
+def test_others_cannot_make_namespaces_at_all(kubeconfig: Path, users: dict[str, str], who: str) -> None:
+    """Ordinary users and the control plane's own identity (a stolen credential) have no
+    right to create or relabel namespaces: RBAC refuses before any policy."""
+    core, _ = _as(kubeconfig, CONTROLLER if who == "controller" else users[who])
+    outcome = refusal(lambda: core.create_namespace(_new_namespace(SANDBOX), dry_run="All"))
+    assert outcome is not None and outcome.status == 403, outcome
+    assert "[warren:" not in outcome.message, f"RBAC should refuse before admission: {outcome}"
+
+
+def test_the_platform_may_make_a_label_only_sandbox_namespace(core: client.CoreV1Api) -> None:
+    """The platform's groups are exempt (the suite itself makes such a namespace to prove
+    the policy on its own)."""
+    assert refusal(lambda: core.create_namespace(_new_namespace(SANDBOX), dry_run="All")) is None

@@ -17,7 +17,7 @@ from warren.cluster.local import ClusterContext, ClusterError, write_kubeconfig
 from warren.cluster.pki import CLIENT, SERVER, Leaf
 from warren.cluster.process import ProcessSpec
 from warren.config import WarrenConfig
-from warren.node import images, teardown
+from warren.node import claim, images, teardown
 from warren.node.files import render, write, write_keeping_block
 from warren.node.layout import CNI_BIN_DIR, FLOOR_TABLE, NETWORK_NAME, NodeLayout
 
@@ -136,6 +136,25 @@ class LocalNode:
             Leaf("egress-floor", "ca", "warren:egress-floor", usages=(CLIENT,)),
         ]
 
+    # -- claim --------------------------------------------------------------------------
+
+    def host_claim(self, ctx: ClusterContext) -> claim.Claim:
+        return claim.Claim(
+            state_dir=str(ctx.layout.state_dir.resolve()),
+            bridge=ctx.config.node.bridge,
+            network=NETWORK_NAME,
+            floor_table=FLOOR_TABLE,
+        )
+
+    def claim(self, ctx: ClusterContext) -> None:
+        running = any(ctx.supervisor.running(name) for name in ("containerd", "kubelet"))
+        try:
+            note = claim.acquire(self.host_claim(ctx), running_here=running)
+        except claim.ClaimError as exc:
+            raise ClusterError(str(exc)) from None
+        if note:
+            self.progress(note)
+
     # -- prepare ------------------------------------------------------------------------
 
     def prepare(self, ctx: ClusterContext) -> None:
@@ -148,6 +167,10 @@ class LocalNode:
         cfg = ctx.config
         pki = ctx.layout
         _nosuid_nodev(layout.kubelet_root)
+        # Shared, as a systemd host's / is: a CSI node plugin in a pod (warren-blockd's
+        # DaemonSet) mounts workspaces with Bidirectional propagation, which containerd
+        # refuses on a private mount.
+        subprocess.run(["mount", "--make-rshared", str(layout.kubelet_root)], check=True)
         for directory in (
             layout.containerd_root,
             layout.containerd_state,
@@ -344,4 +367,4 @@ class LocalNode:
     # -- teardown -----------------------------------------------------------------------
 
     def teardown(self, ctx: ClusterContext, wipe: bool) -> list[str]:
-        return teardown.run(ctx, self.layout(ctx), self.progress)
+        return teardown.run(ctx, self.layout(ctx), self.host_claim(ctx), self.progress)

@@ -1,5 +1,8 @@
 """Take the node down and leave the host as it was: no container, mount, network
-namespace, bridge or nftables table of ours remains."""
+namespace, bridge or nftables table of ours remains. What the node shares with its host's
+network (bridge, CNI network, kube-proxy rules, the egress floor's table) is removed only
+while this node holds the claim on it (claim.py): a node that never started, or was
+refused, leaves another node's network and floor alone."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from warren.cluster.local import ClusterContext, mounts_under
+from warren.node import claim
 from warren.node.layout import CNI_STATE_DIR, FLOOR_TABLE, NETWORK_NAME, NodeLayout
 
 SHIMS = ("containerd-shim-runc-v2", "containerd-shim-runsc-v1")
@@ -22,9 +26,18 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
-def run(ctx: ClusterContext, layout: NodeLayout, progress: Callable[[str], None]) -> list[str]:
+def run(
+    ctx: ClusterContext, layout: NodeLayout, wanted: claim.Claim, progress: Callable[[str], None]
+) -> list[str]:
     sup = ctx.supervisor
     stopped = []
+    # Decided before anything stops: a node started before claims existed owns its network
+    # if nobody else has claimed it.
+    state = Path(wanted.state_dir)
+    current = claim.holder()
+    owner = claim.holds(state) or (
+        current is None and any(sup.running(name) for name in ("containerd", "kubelet"))
+    )
     # The kubelet first, so it does not start again what is being removed.
     for name in ("kubelet", "kube-proxy"):
         if sup.stop(name):
@@ -46,7 +59,12 @@ def run(ctx: ClusterContext, layout: NodeLayout, progress: Callable[[str], None]
         progress("containerd: stopped")
     _kill_orphan_shims(layout)
     _unmount(layout.root)
-    _remove_network(ctx, layout, progress)
+    _detach_loops(layout.root)
+    if owner:
+        _remove_network(ctx, layout, progress)
+        claim.release(state)
+    elif current is not None:
+        progress(f"left the host's network alone: the node of {current.state_dir} holds it")
     return stopped
 
 
@@ -79,6 +97,18 @@ def _unmount(root: Path) -> None:
         for point in points:
             if _run("umount", point).returncode != 0:
                 _run("umount", "-l", point)
+
+
+def _detach_loops(root: Path) -> None:
+    """Loop devices on files under the node's root (warren-blockd's workspaces, whose pod
+    was killed with the node): unmounted above, they would otherwise hold the files."""
+    listed = _run("losetup", "-l", "-n", "-O", "NAME,BACK-FILE").stdout
+    prefix = str(root.resolve())
+    for line in listed.splitlines():
+        name, _, backing = line.strip().partition(" ")
+        backing = backing.strip().removesuffix(" (deleted)")
+        if backing == prefix or backing.startswith(prefix + "/"):
+            _run("losetup", "-d", name)
 
 
 def _remove_network(ctx: ClusterContext, layout: NodeLayout, progress: Callable[[str], None]) -> None:
