@@ -6,11 +6,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 export WARREN_CACHE ?= $(HOME)/.cache/warren
 
-.PHONY: deploy down test lint unit blockd control cluster-test scale binaries venv clean bench-runtime bench-blockd bench-control bench-workspace pulumi-unit pulumi-test ansible-test
+.PHONY: deploy down test lint unit blockd control cluster-test scale binaries venv clean bench-runtime bench-blockd bench-blockd-fuse bench-control bench-workspace pulumi-unit pulumi-test ansible-test
 BLOCKD := packages/warren-blockd
 CONTROL := packages/warren-control
 FORKD := packages/warren-forkd
 PULUMI := components
+
+## The host packages the build, the node and the tests use (apt, as root), and the toolchains'
+## versions checked.
+.PHONY: host
+host:
+	tools/check-host.sh
 
 venv: $(VENV)/.installed $(VENV)/.control-installed
 $(VENV)/.installed: pyproject.toml
@@ -29,10 +35,14 @@ binaries:
 	tools/build-cluster-binaries.sh
 
 ## The main job: the whole platform on this machine through Ansible (playbooks/site.yml with
-## the local inventory): the local cluster with the isolation floor, the platform's objects,
-## the object store, the workspace daemon and its CSI plugin, the control plane. It ends by
-## printing the API endpoint and where its first API key is.
-deploy: venv $(BLOCKD)/.venv/.installed
+## the local inventory): the local cluster with the isolation floor and the platform's
+## objects, and Warren's own services as workloads in warren-system (the control plane, the
+## workspace daemon with its CSI plugin, the object store and the database) from images built
+## here and imported into the node. It ends by printing the API endpoint and where its first
+## API key is.
+# The host's own packages first (tools/check-host.sh, through apt as root), so that a fresh
+# machine needs nothing run before this.
+deploy: host venv $(BLOCKD)/.venv/.installed
 	bin_dir=$$(tools/build-cluster-binaries.sh); \
 	WARREN_BIN_DIR="$$bin_dir" ANSIBLE_CONFIG=$(CURDIR)/ansible.cfg \
 	  $(BIN)/ansible-playbook -i inventories/local/hosts.yml playbooks/site.yml
@@ -48,10 +58,65 @@ down: venv
 ## PostgreSQL's, with rotation, idempotence and check mode), control (records on real
 ## PostgreSQL and SQLite, the edge against a local OIDC issuer), bundle-test (the air-gapped
 ## bundle installed with no network), hosts-test (site.yml from that bundle onto three
-## namespace hosts over SSH, no route out), cluster (conformance, the control plane and
-## workspaces against a real API server and a real gVisor node), scale (the controller on
-## 1,000 kwok nodes with 5,000 sandboxes).
-test: lint unit pulumi-unit pulumi-test blockd forkd control ansible-test bundle-test hosts-test cluster-test scale
+## namespace hosts over SSH, no route out), cluster (the platform deployed as `make deploy`
+## does, Warren's services as workloads; conformance with the platform tier through the
+## edge, the workloads' rollout, the control plane and workspaces against a real API server
+## and a real gVisor node), images-test (the service images run, rebuilt to the same
+## digests, pushed to a real registry), scale (the controller on 1,000 kwok nodes with 5,000
+## sandboxes).
+# Two lanes side by side (two cores): the cluster tier, the longest, then the bundle (built
+# once) and its two tiers; lint, unit and the rest in order. Every tier uses its own ports,
+# directories and namespaces, so the lanes share nothing but the environments and the
+# binaries, which are made first. Each line is prefixed with its tier; test-results/tiers/
+# keeps every tier's log; the end prints each tier's time and result, and a failed tier's
+# last lines again.
+TIERS_CLUSTER := cluster-test bundle bundle-test hosts-test
+TIERS_REST := lint unit pulumi-unit pulumi-test blockd forkd control ansible-test images-test scale
+TIER_LOGS := test-results/tiers
+ENVS := $(VENV)/.installed $(VENV)/.control-installed $(BLOCKD)/.venv/.installed $(CONTROL)/.venv/.installed \
+  $(FORKD)/.venv/.installed $(PULUMI)/.venv/.installed
+test:
+	$(MAKE) -j2 $(ENVS)
+	$(MAKE) builds
+	rm -rf $(TIER_LOGS) && mkdir -p $(TIER_LOGS)
+	$(MAKE) -j2 lane-cluster lane-rest || { \
+	  for failed in $(TIER_LOGS)/*.failed; do \
+	    tier=$$(basename "$$failed" .failed); \
+	    echo "=== tier $$tier failed; its last lines ($(TIER_LOGS)/$$tier.log):"; \
+	    tail -n 80 "$(TIER_LOGS)/$$tier.log"; \
+	  done; $(MAKE) -s tier-times; exit 1; }
+	$(MAKE) -s tier-times
+
+.PHONY: tier-times
+tier-times:
+	@echo "=== each tier's time, by lane:"
+	@awk '{printf "%-13s %-13s %6d s  %s\n", $$1, $$2, $$3, $$4}' $(TIER_LOGS)/times
+
+# What both lanes would otherwise build at once.
+.PHONY: builds lane-cluster lane-rest
+builds: $(ENVS)
+	tools/build-cluster-binaries.sh >/dev/null
+	tools/build-pulumi.sh >/dev/null
+
+# The bundle is built once, as a tier of its own, for the two tiers that install it.
+lane-cluster:
+	$(call lane,$(TIERS_CLUSTER),BUNDLE_PREBUILT=1)
+lane-rest:
+	$(call lane,$(TIERS_REST))
+# A failed tier does not stop its lane: one run reports every tier.
+define lane
+failed=0; \
+for tier in $(1); do \
+  start=$$SECONDS; \
+  if $(MAKE) -j1 $$tier $(2) 2>&1 | tee $(TIER_LOGS)/$$tier.log | sed -u "s/^/[$$tier] /"; then \
+    echo "tier $$tier: $$((SECONDS - start)) s"; result=passed; \
+  else \
+    echo "tier $$tier: FAILED after $$((SECONDS - start)) s"; touch $(TIER_LOGS)/$$tier.failed; failed=1; result=FAILED; \
+  fi; \
+  echo "$@ $$tier $$((SECONDS - start)) $$result" >> $(TIER_LOGS)/times; \
+done; \
+exit $$failed
+endef
 
 lint: venv
 	$(BIN)/ruff check src tests packages bench components infra policy
@@ -147,14 +212,23 @@ bundle: venv
 # An install from that bundle inside a network namespace with only loopback (as root):
 # three environments from its wheels, apt from its repository alone, its binaries and
 # images.
-bundle-test: bundle
+# BUNDLE_PREBUILT=1: use $(BUNDLE) as it is (make test builds it once for both tiers).
+BUNDLE_DEP := $(if $(BUNDLE_PREBUILT),,bundle)
+bundle-test: $(BUNDLE_DEP)
 	WARREN_BUNDLE=$(BUNDLE) $(BIN)/pytest -m bundle tests/bundle
 
 # site.yml with the sample inventory from that bundle onto three hosts made of network and
 # mount namespaces with sshd (as root), with no route out and no apt source but the bundle.
 .PHONY: hosts-test
-hosts-test: bundle
+hosts-test: $(BUNDLE_DEP)
 	WARREN_BUNDLE=$(BUNDLE) $(BIN)/pytest -m hosts -rP tests/hosts
+
+# Warren's service images (warren-control, warren-blockd, seaweedfs, postgres) from Debian's
+# packages and this checkout's wheels (as root): each runs inside its image, a rebuild from
+# nothing cached gives the same digests, and a real registry on loopback serves them.
+.PHONY: images-test
+images-test: venv
+	$(BIN)/pytest -m images -rP tests/images
 
 ## Benchmarks write JSON to bench/results/ (ratios against a baseline from the same run).
 bench-runtime: venv
@@ -171,6 +245,11 @@ bench-forkd: $(FORKD)/.venv/.installed
 bench-blockd: $(BLOCKD)/.venv/.installed
 	tools/build-cluster-binaries.sh >/dev/null
 	$(BLOCKD)/.venv/bin/python bench/blockd.py
+
+# warren-blockd's own FUSE loop against the libfuse path (mfusepy) it replaced, the same
+# device behind a loop device with direct I/O, arms alternating (as root).
+bench-blockd-fuse: $(BLOCKD)/.venv/.installed
+	$(BLOCKD)/.venv/bin/python bench/blockd_fuse.py
 
 # Create through the whole platform against the same pod made directly, GETs through the edge,
 # and the controller's reconcile rate on kwok nodes (as root: the local cluster's node).

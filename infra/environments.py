@@ -1,8 +1,12 @@
 """What each target deploys, composed from the components.
 
-local: the platform's objects on an existing cluster (the one `warren cluster up` runs).
+local: the platform's objects on an existing cluster (the one `warren cluster up` runs), as
+       the stack's warren configuration renders them (Warren's services as workloads when it
+       enables them).
 aws:   a VPC and EKS cluster with gVisor nodes, the workspace bucket, PostgreSQL, KVM hosts,
-       and the platform's objects on the new cluster.
+       and the whole platform on the new cluster: the floor and Warren's services, on the
+       stack's own database and bucket, reached through a load balancer; the API's URL is an
+       output.
 """
 
 from __future__ import annotations
@@ -18,15 +22,22 @@ from warren_components import (
     KvmHostPool,
     KvmHostPoolArgs,
     ObjectStore,
+    ObjectStoreAccess,
+    ObjectStoreAccessArgs,
     ObjectStoreArgs,
+    WarrenEdge,
+    WarrenEdgeArgs,
     WarrenPlatform,
     WarrenPlatformArgs,
 )
+from warren_components.kubernetes_objects import Manifest
 
 import pulumi
 
 # The current Amazon Linux 2023 for x86_64, published by AWS as a public SSM parameter.
 AL2023_AMI_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
+SYSTEM_NAMESPACE = "warren-system"
+EDGE_SERVICE = "warren-control"  # the rendered ClusterIP Service of the edge
 
 
 def deploy(settings: StackSettings) -> None:
@@ -40,20 +51,21 @@ def deploy(settings: StackSettings) -> None:
 def deploy_local(settings: StackSettings, local: LocalSettings) -> None:
     platform = WarrenPlatform(
         "warren",
-        WarrenPlatformArgs(
-            kubeconfig=str(local.kubeconfig),
-            context=local.context,
-            config_path=settings.config_file,
-        ),
+        WarrenPlatformArgs(kubeconfig=str(local.kubeconfig), context=local.context, config=settings.warren),
     )
     pulumi.export("objects", platform.objects)
 
 
-def _runtime_handler(settings: StackSettings) -> str:
-    """The RuntimeClass handler warren renders, so nodes register the same name."""
-    from warren.config import load_config
-
-    return load_config(settings.config_file).isolation.runtime_handler
+def edge_service(objects: list[Manifest]) -> Manifest:
+    """The rendered Service the load balancer stands in front of."""
+    for obj in objects:
+        meta = obj["metadata"]
+        if obj["kind"] == "Service" and (meta.get("namespace"), meta["name"]) == (
+            SYSTEM_NAMESPACE,
+            EDGE_SERVICE,
+        ):
+            return obj
+    raise ValueError(f"warren rendered no Service {SYSTEM_NAMESPACE}/{EDGE_SERVICE}: are services enabled?")
 
 
 def deploy_aws(settings: StackSettings, cfg: AwsSettings) -> None:
@@ -87,7 +99,8 @@ def deploy_aws(settings: StackSettings, cfg: AwsSettings) -> None:
             node_max_size=cfg.node_max_size,
             node_disk_gib=cfg.node_disk_gib,
             node_capacity_type=cfg.node_capacity_type,
-            runtime_handler=_runtime_handler(settings),
+            # The RuntimeClass handler warren renders, so nodes register the same name.
+            runtime_handler=settings.warren.isolation.runtime_handler,
             containerd_config_version=cfg.containerd_config_version,
             log_retention_days=cfg.log_retention_days,
         ),
@@ -145,12 +158,46 @@ def deploy_aws(settings: StackSettings, cfg: AwsSettings) -> None:
         opts=on_aws,
     )
 
+    # warren-blockd and the control plane reach the bucket as themselves: no key anywhere.
+    access = ObjectStoreAccess(
+        f"{name}-workspaces-access",
+        ObjectStoreAccessArgs(
+            cluster_name=cluster.cluster_name,
+            bucket_arn=store.bucket_arn,
+            kms_key_arn=store.kms_key_arn,
+            namespace=SYSTEM_NAMESPACE,
+        ),
+        opts=on_aws,
+    )
+
     platform = WarrenPlatform(
         name,
-        WarrenPlatformArgs(kubeconfig=cluster.kubeconfig, config_path=settings.config_file),
-        # After the whole cluster, node group and VPC CNI add-on included: the egress floor's
-        # NetworkPolicy is enforced from the moment it exists.
-        opts=pulumi.ResourceOptions(depends_on=[cluster]),
+        WarrenPlatformArgs(
+            kubeconfig=cluster.kubeconfig,
+            config=settings.warren,
+            # A generated bucket's name exists once the bucket does.
+            deploy_time={} if cfg.bucket_name else {"services.bucket": store.bucket_name},
+            # The install Job finds the database the stack made (the URL a secret throughout).
+            secrets={"warren-database": {"url": database.connection_url}},
+            # After the whole cluster (node group, VPC CNI and Pod Identity add-ons): the egress
+            # floor's NetworkPolicy is enforced from the moment it exists, and Warren's pods
+            # get their identity from their first start.
+            depends_on=[cluster, access],
+        ),
+        opts=pulumi.ResourceOptions(depends_on=[cluster, access]),
+    )
+
+    edge = WarrenEdge(
+        f"{name}-edge",
+        WarrenEdgeArgs(
+            edge_service=edge_service(platform.manifests),
+            allowed_cidrs=cfg.edge.allowed_cidrs,
+            internet_facing=cfg.edge.internet_facing,
+            certificate_arn=cfg.edge.certificate_arn,
+            hostname=cfg.edge.hostname,
+        ),
+        # Once the control plane is rolled out: the load balancer's first health checks pass.
+        opts=pulumi.ResourceOptions(providers={"kubernetes": platform.provider}, depends_on=[platform]),
     )
 
     pulumi.export("clusterName", cluster.cluster_name)
@@ -160,3 +207,5 @@ def deploy_aws(settings: StackSettings, cfg: AwsSettings) -> None:
     pulumi.export("databaseSecretArn", database.master_user_secret_arn)
     pulumi.export("kvmAutoscalingGroup", kvm.autoscaling_group_name)
     pulumi.export("objects", platform.objects)
+    pulumi.export("apiUrl", edge.url)
+    pulumi.export("apiLoadBalancer", edge.hostname)

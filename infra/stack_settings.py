@@ -6,14 +6,26 @@ keys a target needs, paths that must exist) and names the key to fix in every er
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
 
 from warren_components import GvisorBinaries
+from warren_components.edge import CERTIFICATE_ARN, HOSTNAME
 
 import pulumi
 from warren import paths
+from warren.config import (
+    BUCKET,
+    IMAGE_REGISTRY,
+    IMAGE_TAG,
+    ConfigError,
+    ServicesConfig,
+    WarrenConfig,
+    load_config,
+)
 
 INFRA_DIR = Path(__file__).resolve().parent
 
@@ -30,6 +42,19 @@ class SettingsError(ValueError):
 class LocalSettings:
     kubeconfig: Path
     context: str | None
+    # The local cluster's own node (`make deploy`'s): the workloads get its kubelet directory,
+    # host paths under its state and the images it holds, pinned (`warren apply --local-node`).
+    local_node: bool
+
+
+@dataclass(frozen=True)
+class EdgeSettings:
+    """Who reaches the API from outside the cluster, and how (WarrenEdge)."""
+
+    allowed_cidrs: list[str]
+    internet_facing: bool
+    certificate_arn: str | None
+    hostname: str | None
 
 
 @dataclass(frozen=True)
@@ -63,6 +88,9 @@ class AwsSettings:
     kvm_host_count: int
     kvm_ami_id: str | None
     kvm_ingress_ports: list[int]
+    image_registry: str
+    image_tag: str | None
+    edge: EdgeSettings
 
 
 @dataclass(frozen=True)
@@ -72,6 +100,9 @@ class StackSettings:
     config_file: Path | None
     local: LocalSettings | None
     aws: AwsSettings | None
+    # What the platform's objects are rendered from: the configuration file as it is (local),
+    # or with the services the aws program runs on its own stores (aws_services).
+    warren: WarrenConfig
 
 
 def _path(value: str) -> Path:
@@ -118,6 +149,72 @@ def _bool(config: pulumi.Config, key: str) -> bool:
     return value
 
 
+def _image_registry(config: pulumi.Config) -> str:
+    value = _required(
+        config,
+        "imageRegistry",
+        "the cluster's nodes pull Warren's service images from it (`warren image push`)",
+    )
+    if not IMAGE_REGISTRY.match(value):
+        raise SettingsError(
+            f"warren:imageRegistry is {value!r}: give a registry host[:port][/path] such as "
+            "registry.example.com/warren (no scheme, no tag)"
+        )
+    return value
+
+
+def _image_tag(config: pulumi.Config) -> str | None:
+    value = config.get("imageTag") or ""
+    if value and not IMAGE_TAG.match(value):
+        raise SettingsError(
+            f"warren:imageTag is {value!r}: letters, digits, '_', '.', '-' (at most 128), or empty "
+            "for the warren configuration's services.image_tag"
+        )
+    return value or None
+
+
+def _edge(config: pulumi.Config) -> EdgeSettings:
+    allowed = _list(config, "apiAllowedCidrs")
+    if not allowed:
+        raise SettingsError(
+            "warren:apiAllowedCidrs is empty: name the ranges that may reach the API "
+            "(`pulumi config set --path 'warren:apiAllowedCidrs[0]' 203.0.113.0/24`)"
+        )
+    for cidr in allowed:
+        try:
+            network = ipaddress.ip_network(cidr, strict=True)
+        except ValueError as exc:
+            raise SettingsError(
+                f"warren:apiAllowedCidrs: {cidr!r} is not a network in CIDR form ({exc})"
+            ) from None
+        if network.prefixlen == 0:
+            raise SettingsError(
+                f"warren:apiAllowedCidrs: {cidr} opens the API to the whole internet: name ranges"
+            )
+    certificate = config.get("apiCertificateArn") or None
+    hostname = config.get("apiHostname") or None
+    if certificate and not CERTIFICATE_ARN.match(certificate):
+        raise SettingsError(f"warren:apiCertificateArn is {certificate!r}: give an ACM certificate's ARN")
+    if hostname and not HOSTNAME.match(hostname):
+        raise SettingsError(
+            f"warren:apiHostname is {hostname!r}: give the DNS name clients use, e.g. api.example.com"
+        )
+    if bool(certificate) != bool(hostname):
+        missing = "apiHostname" if certificate else "apiCertificateArn"
+        raise SettingsError(
+            f"warren:{missing} is not set: TLS at the edge needs both the certificate "
+            "(warren:apiCertificateArn) and the name it is issued for (warren:apiHostname)"
+        )
+    internet_facing = _bool(config, "apiInternetFacing")
+    if internet_facing and not certificate:
+        raise SettingsError(
+            "warren:apiCertificateArn is not set: an internet-facing API carries API keys in every "
+            "request, so it needs TLS (set warren:apiCertificateArn and warren:apiHostname, or set "
+            "warren:apiInternetFacing to false for an endpoint inside the VPC only)"
+        )
+    return EdgeSettings(allowed, internet_facing, certificate, hostname)
+
+
 def _local(config: pulumi.Config) -> LocalSettings:
     value = config.get("kubeconfig") or ""
     # Empty means the local cluster's own admin kubeconfig, the one `warren cluster kubeconfig` prints.
@@ -128,7 +225,48 @@ def _local(config: pulumi.Config) -> LocalSettings:
             f"{kubeconfig} does not exist: start the cluster (`make deploy`) or set warren:kubeconfig "
             "to another cluster's kubeconfig"
         )
-    return LocalSettings(kubeconfig=kubeconfig, context=config.get("kubeContext") or None)
+    return LocalSettings(
+        kubeconfig=kubeconfig,
+        context=config.get("kubeContext") or None,
+        local_node=_bool(config, "localNode"),
+    )
+
+
+def _bin_dir() -> Path:
+    """The cluster binaries (ctr reads the node's images): $WARREN_BIN_DIR, else the directory
+    the running local cluster was started from."""
+    from warren.cluster.local import BIN_DIR_RECORD
+
+    if value := os.environ.get("WARREN_BIN_DIR"):
+        return Path(value)
+    record = paths.cluster_state_dir() / BIN_DIR_RECORD
+    if record.is_file():
+        return Path(record.read_text().strip())
+    raise SettingsError(
+        "warren:localNode is true, but the cluster binaries are unknown: set WARREN_BIN_DIR "
+        "(tools/build-cluster-binaries.sh prints it) or start the local cluster (`make deploy`)"
+    )
+
+
+def _for_local_node(base: WarrenConfig) -> WarrenConfig:
+    """What `warren apply --local-node` renders: the configuration as the local node needs it."""
+    from warren.node import images
+    from warren.node.layout import NodeLayout
+    from warren.node.workloads import NODE_DIR, LocalNodeError, for_local_node
+
+    if not base.services.enabled:
+        return base
+    state = paths.cluster_state_dir()
+    node = NodeLayout(state / NODE_DIR)
+    if not node.containerd_socket.exists():
+        raise SettingsError(
+            f"warren:localNode is true, but no local node runs here ({node.containerd_socket} is "
+            "missing): start it (`make deploy`), or set warren:localNode to false for another cluster"
+        )
+    try:
+        return for_local_node(base, state, images.imported(_bin_dir(), node))
+    except LocalNodeError as exc:
+        raise SettingsError(f"warren:localNode: {exc}") from None
 
 
 def _aws(config: pulumi.Config) -> AwsSettings:
@@ -148,6 +286,12 @@ def _aws(config: pulumi.Config) -> AwsSettings:
         )
     except ValueError as exc:
         raise SettingsError(f"warren:gvisor*: {exc}") from None
+    bucket_name = config.get("bucketName") or None
+    if bucket_name and not BUCKET.match(bucket_name):
+        raise SettingsError(
+            f"warren:bucketName is {bucket_name!r}: an S3 bucket name (3-63 of a-z, 0-9, '.', '-'), "
+            "or empty for a generated one"
+        )
     return AwsSettings(
         region=_required(config, "awsRegion", why),
         availability_zones=_list(config, "availabilityZones"),
@@ -165,7 +309,7 @@ def _aws(config: pulumi.Config) -> AwsSettings:
         containerd_config_version=3 if version == 3 else 2,  # noqa: PLR2004
         gvisor=gvisor,
         log_retention_days=_int(config, "logRetentionDays"),
-        bucket_name=config.get("bucketName") or None,
+        bucket_name=bucket_name,
         bucket_encryption=cast(Encryption, _choice(config, "bucketEncryption", ("aws:kms", "AES256"))),
         noncurrent_version_days=_int(config, "noncurrentVersionDays"),
         database_engine_version=config.require("databaseEngineVersion"),
@@ -178,7 +322,49 @@ def _aws(config: pulumi.Config) -> AwsSettings:
         kvm_host_count=_int(config, "kvmHostCount"),
         kvm_ami_id=config.get("kvmAmiId") or None,
         kvm_ingress_ports=list(ports_raw),
+        image_registry=_image_registry(config),
+        image_tag=_image_tag(config),
+        edge=_edge(config),
     )
+
+
+def aws_services(aws: AwsSettings) -> dict[str, object]:
+    """The services section the aws program sets: Warren's services as workloads on the
+    stack's own stores (its RDS database and S3 bucket, reached with the pods' identity) and
+    images from the stack's registry. A generated bucket's name is filled in at deploy time."""
+    services: dict[str, object] = {
+        "enabled": True,
+        "stores": "external",
+        "object_store_endpoint": f"https://s3.{aws.region}.amazonaws.com",
+        "object_store_credentials": "ambient",
+        "image_registry": aws.image_registry,
+    }
+    if aws.image_tag:
+        services["image_tag"] = aws.image_tag
+    if aws.bucket_name:
+        services["bucket"] = aws.bucket_name
+    return services
+
+
+def _aws_warren(aws: AwsSettings, base: WarrenConfig, config_file: Path | None) -> WarrenConfig:
+    owned = aws_services(aws)
+    explicit = base.services.model_fields_set
+    # A key the file sets that the stack decides too, with another value, is a conflict to
+    # resolve, not something to override quietly.
+    for key in sorted(explicit & (set(owned) | {"bucket"})):
+        wanted = owned.get(key)
+        if wanted is None or getattr(base.services, key) != wanted:
+            source = "warren:bucketName (empty: a generated bucket)" if key == "bucket" else "the stack"
+            raise SettingsError(
+                f"warren:configFile {config_file} sets services.{key}: {getattr(base.services, key)!r}, "
+                f"but on aws {source} decides it: remove it from the file"
+            )
+    try:
+        return base.model_copy(
+            update={"services": ServicesConfig.model_validate(base.services.model_dump() | owned)}
+        )
+    except ValueError as exc:
+        raise SettingsError(f"the aws program's services settings are refused: {exc}") from None
 
 
 def load() -> StackSettings:
@@ -189,10 +375,23 @@ def load() -> StackSettings:
     config_file = _path(config_file_value) if config_file_value else None
     if config_file is not None and not config_file.is_file():
         raise SettingsError(f"warren:configFile names {config_file}, which does not exist")
+    try:
+        base = load_config(config_file)
+    except ConfigError as exc:
+        raise SettingsError(f"warren:configFile: {exc}") from None
+    aws = _aws(config) if target == "aws" else None
+    local = _local(config) if target == "local" else None
+    if aws is not None:
+        warren = _aws_warren(aws, base, config_file)
+    elif local is not None and local.local_node:
+        warren = _for_local_node(base)
+    else:
+        warren = base
     return StackSettings(
         stack=pulumi.get_stack(),
         target=target,
         config_file=config_file,
-        local=_local(config) if target == "local" else None,
-        aws=_aws(config) if target == "aws" else None,
+        local=local,
+        aws=aws,
+        warren=warren,
     )

@@ -16,6 +16,9 @@ declare -A packages=(
   [/usr/lib/postgresql]=postgresql
   # warren bundle build: the index of the bundle's local apt repository.
   [dpkg-scanpackages]=dpkg-dev
+  # warren image build: the services' Debian userland; warren image push and its test's
+  # registry on loopback.
+  [mmdebstrap]=mmdebstrap [skopeo]=skopeo [docker-registry]=docker-registry
   # sshd: Ansible reaches hosts over SSH (make hosts-test runs one per namespace host;
   # the package's own service is not started).
   [/usr/sbin/sshd]=openssh-server

@@ -10,6 +10,10 @@ Built from plain pulumi_aws resources (no pulumi_eks or awsx: those need Node.js
   and the node role's credentials), and encrypts the root volume.
 - The VPC CNI add-on with network policy enforcement on, so the egress floor's NetworkPolicy
   is enforced rather than merely stored.
+- The EKS Pod Identity agent add-on, through which Warren's own pods get their AWS identity
+  (ObjectStoreAccess) without any key; the node role's managed policy lets the agent ask
+  for it. Sandbox pods cannot reach the agent (its link-local address is in the egress
+  floor's blocked ranges), and none of their service accounts has an association.
 """
 
 from __future__ import annotations
@@ -287,6 +291,14 @@ class AwsSandboxCluster(pulumi.ComponentResource):
             cluster_name=cluster.name,
             addon_name="vpc-cni",
             configuration_values=json.dumps({"enableNetworkPolicy": "true"}),
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="PRESERVE",
+            opts=child,
+        )
+        aws.eks.Addon(
+            f"{name}-pod-identity",
+            cluster_name=cluster.name,
+            addon_name="eks-pod-identity-agent",
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="PRESERVE",
             opts=child,

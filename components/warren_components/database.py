@@ -4,17 +4,24 @@
   group admits PostgreSQL only from the named client groups (the cluster's nodes).
 - Storage encrypted (with the given KMS key, or RDS's default key); TLS required by the
   parameter group (`rds.force_ssl`).
-- The master password is generated and kept in Secrets Manager by RDS: no password passes
-  through Pulumi config or state.
+- The master password is generated once by the program and kept in a Secrets Manager secret
+  of the component's own; Pulumi holds it only as a secret (encrypted in state, never in
+  config or a plain output). It is not rotated behind the platform's back: RDS's own
+  managed password rotates every seven days, and the control plane, which reads its
+  database URL once at start, would lose the database a week after `pulumi up`.
+- `connection_url` (a secret output): what warren-control connects with, TLS required.
 - Automated backups retained; deletion protection configurable (on in production), and a
   final snapshot taken whenever deletion protection is on.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import pulumi_aws as aws
 
@@ -59,11 +66,27 @@ class DatabaseArgs:
         return f"postgres{self.engine_version.split('.')[0]}"
 
 
+def connection_url(username: str, password: str, host: str, port: int, database: str) -> str:
+    """The SQLAlchemy URL warren-control reads (psycopg), refusing a connection without TLS."""
+    credentials = f"{quote(username, safe='')}:{quote(password, safe='')}"
+    return f"postgresql+psycopg://{credentials}@{host}:{port}/{quote(database, safe='')}?sslmode=require"
+
+
+def new_password() -> str:
+    """43 URL-safe characters: none RDS refuses ('/', '@', '"', ' '), none a URL must quote."""
+    return secrets.token_urlsafe(32)
+
+
+def _password(secret_string: str | None) -> str:
+    return str(json.loads(secret_string or "{}")["password"])
+
+
 class Database(pulumi.ComponentResource):
     address: pulumi.Output[str]
     port: pulumi.Output[int]
     master_user_secret_arn: pulumi.Output[str]
     security_group_id: pulumi.Output[str]
+    connection_url: pulumi.Output[str]  # secret
 
     def __init__(self, name: str, args: DatabaseArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("warren:database:Database", name, None, opts)
@@ -103,6 +126,25 @@ class Database(pulumi.ComponentResource):
             opts=child,
         )
 
+        # The password is made once: later runs generate another, which ignore_changes drops,
+        # so the stored one (and the database's) stays. Replacing this secret version is the
+        # way to change it (and the platform's Secret warren-database follows).
+        master = aws.secretsmanager.Secret(
+            f"{name}-db-master",
+            description=f"Warren PostgreSQL {name}: the master user's password",
+            kms_key_id=args.kms_key_arn,
+            recovery_window_in_days=7,
+            opts=child,
+        )
+        generated = json.dumps({"username": args.master_username, "password": new_password()})
+        version = aws.secretsmanager.SecretVersion(
+            f"{name}-db-master",
+            secret_id=master.id,
+            secret_string=pulumi.Output.secret(generated),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["secretString"]),
+        )
+        password: pulumi.Output[str] = pulumi.Output.secret(version.secret_string.apply(_password))
+
         instance = aws.rds.Instance(
             f"{name}-db",
             engine="postgres",
@@ -115,7 +157,7 @@ class Database(pulumi.ComponentResource):
             kms_key_id=args.kms_key_arn,
             db_name=args.database_name,
             username=args.master_username,
-            manage_master_user_password=True,
+            password=password,
             iam_database_authentication_enabled=True,
             db_subnet_group_name=subnets.name,
             vpc_security_group_ids=[group.id],
@@ -134,15 +176,21 @@ class Database(pulumi.ComponentResource):
 
         self.address = instance.address
         self.port = instance.port
-        self.master_user_secret_arn = instance.master_user_secrets.apply(
-            lambda secrets: (secrets[0].secret_arn or "") if secrets else ""
-        )
+        self.master_user_secret_arn = master.arn
         self.security_group_id = group.id
+        self.connection_url = pulumi.Output.secret(
+            pulumi.Output.all(password, instance.address, instance.port).apply(
+                lambda values: connection_url(
+                    args.master_username, values[0], values[1], values[2], args.database_name
+                )
+            )
+        )
         self.register_outputs(
             {
                 "address": self.address,
                 "port": self.port,
                 "master_user_secret_arn": self.master_user_secret_arn,
                 "security_group_id": self.security_group_id,
+                "connection_url": self.connection_url,
             }
         )

@@ -41,6 +41,13 @@ KINDS: dict[tuple[str, str], ResourceFactory] = {
         "ValidatingAdmissionPolicyBinding",
     ): k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
+    # Warren's own services (services.enabled).
+    ("v1", "Service"): k8s.core.v1.Service,
+    ("batch/v1", "Job"): k8s.batch.v1.Job,
+    ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
+    ("apps/v1", "DaemonSet"): k8s.apps.v1.DaemonSet,
+    ("apps/v1", "StatefulSet"): k8s.apps.v1.StatefulSet,
+    ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
 }
 
 # Set by the SDK class itself (apiVersion, kind) or passed on its own (metadata).
@@ -71,8 +78,12 @@ def resource_name(prefix: str, obj: Manifest) -> str:
     return "-".join(part for part in parts if part)
 
 
-def create(name: str, obj: Manifest, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
-    """Register `obj` as the SDK resource for its kind, its fields passed through unchanged."""
+def create(
+    name: str, obj: Manifest, opts: pulumi.ResourceOptions, values: pulumi.Output[Manifest] | None = None
+) -> pulumi.CustomResource:
+    """Register `obj` as the SDK resource for its kind, its fields passed through unchanged.
+    `values`: the same object as it renders once the stack deploys (WarrenPlatform's
+    deploy-time values); its fields are sent instead of `obj`'s, which names the resource."""
     key = (obj.get("apiVersion", ""), obj.get("kind", ""))
     factory = KINDS.get(key)
     if factory is None:
@@ -84,5 +95,15 @@ def create(name: str, obj: Manifest, opts: pulumi.ResourceOptions) -> pulumi.Cus
         raise ValueError(
             f"{label(obj)} carries a status: rendered objects must not (it belongs to the server)"
         )
-    fields = {_argument_name(field): value for field, value in obj.items() if field not in _HEADER}
-    return factory(name, opts=opts, metadata=obj["metadata"], **fields)
+    if values is None:
+        fields = {_argument_name(field): value for field, value in obj.items() if field not in _HEADER}
+        return factory(name, opts=opts, metadata=obj["metadata"], **fields)
+    late = {_argument_name(field): _field(values, field) for field in obj if field not in _HEADER}
+    return factory(name, opts=opts, metadata=_field(values, "metadata"), **late)
+
+
+def _field(values: pulumi.Output[Manifest], field: str) -> pulumi.Output[Any]:
+    def pick(obj: Manifest) -> Any:
+        return obj[field]
+
+    return values.apply(pick)

@@ -90,7 +90,12 @@ class Network(pulumi.ComponentResource):
                 cidr_block=cidr,
                 availability_zone=zone,
                 map_public_ip_on_launch=False,  # NAT gateways and load balancers bring their own
-                tags={"Name": f"{name}-public-{zone}", "kubernetes.io/role/elb": "1"},
+                # Where an internet-facing load balancer of the cluster's goes (WarrenEdge).
+                tags={
+                    "Name": f"{name}-public-{zone}",
+                    "kubernetes.io/role/elb": "1",
+                    f"kubernetes.io/cluster/{args.cluster_name}": "shared",
+                },
                 opts=child,
             )
             aws.ec2.RouteTableAssociation(

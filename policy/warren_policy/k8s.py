@@ -13,11 +13,14 @@ from typing import Any
 
 from pulumi_policy import PolicyConfigSchema, ResourceValidationArgs
 
-from warren_policy.props import get, is_true, items
+from warren_policy.props import get, is_internet, is_true, items
 from warren_policy.rules import resource_rule
 
 RUNTIME_CLASS = "kubernetes:node.k8s.io/v1:RuntimeClass"
 NAMESPACE = "kubernetes:core/v1:Namespace"
+SERVICE = "kubernetes:core/v1:Service"
+# The cloud providers' older way to name the ranges a load balancer admits.
+SOURCE_RANGES_ANNOTATION = "service.beta.kubernetes.io/load-balancer-source-ranges"
 SANDBOX_LABEL = "warren.dev/sandbox"
 PSA = "pod-security.kubernetes.io/"
 # warren's config allows either level to be enforced (isolation.pod_security_level).
@@ -48,6 +51,23 @@ POD_SPEC_PATHS: dict[str, tuple[str, ...]] = {
 }
 WORKLOADS = tuple(POD_SPEC_PATHS)
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+
+# Warren's own workloads that must reach their node, each granted only what it needs, and
+# only in warren-system: warren-blockd serves workspaces (FUSE, loop devices, ext4 mounts
+# into the kubelet's pod directories); the embedded stores keep their data on their node.
+SYSTEM_NAMESPACE = "warren-system"
+HOST_ACCESS: dict[tuple[str, str], frozenset[str]] = {
+    ("kubernetes:apps/v1:DaemonSet", "warren-blockd"): frozenset({"privileged", "hostPath"}),
+    ("kubernetes:apps/v1:StatefulSet", "warren-objects"): frozenset({"hostPath"}),
+    ("kubernetes:apps/v1:StatefulSet", "warren-postgres"): frozenset({"hostPath"}),
+}
+
+
+def _granted(props: Mapping[str, Any], args: ResourceValidationArgs, access: str) -> bool:
+    meta = props.get("metadata") or {}
+    if meta.get("namespace") != SYSTEM_NAMESPACE:
+        return False
+    return access in HOST_ACCESS.get((args.resource_type, str(meta.get("name"))), frozenset())
 
 
 def _runtime_class_gvisor(props: Mapping[str, Any], args: ResourceValidationArgs) -> list[str]:
@@ -85,6 +105,8 @@ def containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _no_privileged(props: Mapping[str, Any], args: ResourceValidationArgs) -> list[str]:
+    if _granted(props, args, "privileged"):
+        return []
     return [
         f"container {c.get('name')!r} must not be privileged (securityContext.privileged)"
         for c in containers(pod_spec(args.resource_type, props))
@@ -102,11 +124,25 @@ def _no_host_namespaces(props: Mapping[str, Any], args: ResourceValidationArgs) 
 
 
 def _no_host_path(props: Mapping[str, Any], args: ResourceValidationArgs) -> list[str]:
+    if _granted(props, args, "hostPath"):
+        return []
     return [
         f"volume {v.get('name')!r} must not mount a host path"
         for v in items(pod_spec(args.resource_type, props).get("volumes"))
         if isinstance(v, Mapping) and v.get("hostPath") is not None
     ]
+
+
+def _load_balancer_restricted(props: Mapping[str, Any], _args: ResourceValidationArgs) -> list[str]:
+    if get(props, "spec", "type") != "LoadBalancer":
+        return []
+    ranges = [str(r) for r in items(get(props, "spec", "loadBalancerSourceRanges"))]
+    annotation = (get(props, "metadata", "annotations") or {}).get(SOURCE_RANGES_ANNOTATION)
+    if annotation:
+        ranges += [r.strip() for r in str(annotation).split(",") if r.strip()]
+    if not ranges:
+        return ["a LoadBalancer Service must name the ranges it admits (spec.loadBalancerSourceRanges)"]
+    return [f"load balancer source range {r} admits the whole internet" for r in ranges if is_internet(r)]
 
 
 POLICIES = [
@@ -125,7 +161,7 @@ POLICIES = [
     ),
     resource_rule(
         "k8s-no-privileged-containers",
-        "No workload runs a privileged container.",
+        "No workload runs a privileged container (but warren-blockd's DaemonSet in warren-system).",
         WORKLOADS,
         _no_privileged,
     ),
@@ -136,8 +172,14 @@ POLICIES = [
         _no_host_namespaces,
     ),
     resource_rule(
+        "k8s-load-balancer-restricted",
+        "A LoadBalancer Service admits only named ranges, never the whole internet.",
+        (SERVICE,),
+        _load_balancer_restricted,
+    ),
+    resource_rule(
         "k8s-no-host-path",
-        "No workload mounts a host path.",
+        "No workload mounts a host path (but warren-blockd and the embedded stores in warren-system).",
         WORKLOADS,
         _no_host_path,
     ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -13,7 +13,7 @@ from rich.table import Table
 
 from warren import paths
 from warren.cluster.local import BIN_DIR_RECORD, ClusterError, LocalCluster
-from warren.config import ConfigError, WarrenConfig, load_config
+from warren.config import DEFAULT_IMAGE_REGISTRY, ConfigError, WarrenConfig, load_config
 
 if TYPE_CHECKING:
     from warren.cluster.process import Supervisor
@@ -333,8 +333,67 @@ def config_show(config_path: Path | None) -> None:
     click.echo(json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True))
 
 
+local_node_option = click.option(
+    "--local-node",
+    is_flag=True,
+    help="For the local cluster's node: its kubelet directory, host paths under its state, "
+    "images imported (never pulled) and pinned by the digests the node holds, unless the "
+    "configuration sets them.",
+)
+
+
+def _for_local_node(cfg: WarrenConfig) -> WarrenConfig:
+    from warren.node import images
+    from warren.node.layout import NodeLayout
+    from warren.node.workloads import NODE_DIR, LocalNodeError, for_local_node
+
+    state = paths.cluster_state_dir()
+    if not cfg.services.enabled:
+        return cfg
+    node = NodeLayout(state / NODE_DIR)
+    if not node.containerd_socket.exists():
+        raise click.ClickException(
+            f"no local node runs here ({node.containerd_socket} is missing): "
+            "start it with `warren cluster up`"
+        )
+    try:
+        return for_local_node(cfg, state, images.imported(_bin_dir(None), node))
+    except LocalNodeError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+bundle_option = click.option(
+    "--bundle",
+    "bundle_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="An extracted air-gapped bundle the nodes get Warren's images from: the workloads are "
+    "pinned by the digests its manifest records (never pulled by tag).",
+)
+
+
+def _with_images(cfg: WarrenConfig, local_node: bool, bundle_dir: Path | None) -> WarrenConfig:
+    """`cfg` for the local node, or pinned by the bundle's digests, or as it is."""
+    if local_node and bundle_dir:
+        raise click.UsageError(
+            "--local-node and --bundle exclude each other: the local node builds its own images"
+        )
+    if local_node:
+        return _for_local_node(cfg)
+    if bundle_dir:
+        from warren.bundle import BundleError
+        from warren.bundle.workloads import for_bundle
+
+        try:
+            return for_bundle(cfg, bundle_dir)
+        except BundleError as exc:
+            raise click.ClickException(str(exc)) from None
+    return cfg
+
+
 @main.command()
 @config_option
+@local_node_option
+@bundle_option
 @click.option(
     "--out",
     "out_dir",
@@ -343,27 +402,38 @@ def config_show(config_path: Path | None) -> None:
     show_default=True,
     help="Directory to write the rendered YAML into.",
 )
-def render(config_path: Path | None, out_dir: Path) -> None:
+def render(config_path: Path | None, local_node: bool, bundle_dir: Path | None, out_dir: Path) -> None:
     """Render every Kubernetes object of the platform to YAML files."""
     from warren.render import write
 
-    for path in write(_config(config_path), out_dir):
+    cfg = _with_images(_config(config_path), local_node, bundle_dir)
+    for path in write(cfg, out_dir):
         click.echo(path)
 
 
 @main.command()
 @config_option
 @kubeconfig_option
+@local_node_option
+@bundle_option
 @click.option("--dry-run", is_flag=True, help="Server-side dry run: validate, change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON (for installers).")
-def apply(config_path: Path | None, kubeconfig: Path | None, dry_run: bool, as_json: bool) -> None:
+def apply(  # noqa: PLR0917 (click passes every option by position)
+    config_path: Path | None,
+    kubeconfig: Path | None,
+    local_node: bool,
+    bundle_dir: Path | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
     """Apply the rendered objects with server-side apply."""
     import json
 
     from warren import kube
     from warren.render import render as render_objects
 
-    cfg = _config(config_path)  # validated before anything touches the cluster
+    # Validated (the bundle's images included) before anything touches the cluster.
+    cfg = _with_images(_config(config_path), local_node, bundle_dir)
     objects = render_objects(cfg)
     try:
         api = kube.api_client(kubeconfig or paths.admin_kubeconfig())
@@ -376,6 +446,100 @@ def apply(config_path: Path | None, kubeconfig: Path | None, dry_run: bool, as_j
         click.echo(
             json.dumps({"changed": bool(changed), "objects": len(objects), "changed_objects": changed})
         )
+
+
+# -- Warren's services on a cluster ---------------------------------------------------------
+
+
+@main.group()
+def platform() -> None:
+    """Warren's own services on a cluster: their rollout and where they answer."""
+
+
+@platform.command("ready")
+@config_option
+@kubeconfig_option
+@click.option("--timeout", type=click.IntRange(1, 7200), default=900, show_default=True, help="Seconds.")
+@click.option(
+    "--record",
+    "record_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Write the edge's URL and the first API key here (0600) for `warren sandbox`.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON (for installers).")
+def platform_ready(
+    config_path: Path | None, kubeconfig: Path | None, timeout: int, record_dir: Path | None, as_json: bool
+) -> None:
+    """Wait until every workload of warren-system is rolled out and ready (the install Job of
+    this version complete), then say where the API is."""
+    import base64
+    import json
+
+    from kubernetes import client as k8s
+
+    from warren import kube, rollout
+    from warren.config import SYSTEM_NAMESPACE
+    from warren.controlplane.local import record
+
+    cfg = _config(config_path)
+    if not cfg.services.enabled:
+        raise click.ClickException("services.enabled is false: Warren's services are not workloads here")
+    try:
+        api = kube.api_client(kubeconfig or paths.admin_kubeconfig())
+        rollout.wait_ready(api, cfg, timeout, progress=_say)
+        url = rollout.edge_url(api)
+        try:
+            secret: Any = k8s.CoreV1Api(api).read_namespaced_secret("warren-first-key", SYSTEM_NAMESPACE)
+            key: str | None = base64.b64decode(secret.data["key"]).decode()
+        except k8s.ApiException as exc:
+            if exc.status != 404:  # noqa: PLR2004
+                raise
+            key = None  # made by an earlier install and since removed by the operator
+    except (FileNotFoundError, rollout.RolloutError) as exc:
+        raise click.ClickException(str(exc)) from None
+    changed = record(record_dir, url, key) if record_dir else False
+    _say(f"the API answers at {url}")
+    if as_json:
+        key_file = str(record_dir / "api-key") if record_dir and (record_dir / "api-key").is_file() else None
+        click.echo(json.dumps({"changed": changed, "url": url, "key_file": key_file}))
+
+
+@platform.command("store-secrets")
+@config_option
+@kubeconfig_option
+@click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON (for installers).")
+def platform_store_secrets(
+    config_path: Path | None, kubeconfig: Path | None, dry_run: bool, as_json: bool
+) -> None:
+    """Make or update the external stores' Secrets in warren-system (services.stores:
+    external) from a JSON object on stdin: {"database_url": "postgresql+psycopg://...",
+    "object_store_credentials": "<the object store's credentials.env>"}. Prints each
+    Secret's name and what happened to it, never a value."""
+    import json
+
+    from kubernetes.client.exceptions import ApiException
+
+    from warren import kube
+    from warren.store_secrets import StoreSecretsError, apply, wanted
+
+    cfg = _config(config_path)
+    try:
+        document = json.loads(sys.stdin.read())
+    except json.JSONDecodeError as exc:
+        # The position only: the input holds credentials.
+        raise click.ClickException(f"stdin is not JSON (line {exc.lineno}, column {exc.colno})") from None
+    try:
+        secrets = wanted(document, cfg)
+        api = kube.api_client(kubeconfig or paths.admin_kubeconfig())
+        outcome = apply(api, cfg, secrets, dry_run=dry_run, progress=_say)
+    except (StoreSecretsError, FileNotFoundError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except ApiException as exc:
+        raise click.ClickException(f"the API server refused: {exc.status} {exc.reason}") from None
+    if as_json:
+        changed = any(what != "unchanged" for what in outcome.values())
+        click.echo(json.dumps({"changed": changed, "secrets": outcome}))
 
 
 # -- images ------------------------------------------------------------------------------
@@ -403,39 +567,247 @@ def image() -> None:
     help="Also import them into the containerd listening on this socket (namespace k8s.io).",
 )
 @bin_dir_option
-def image_build(
-    names: tuple[str, ...], out_dir: Path, import_into: Path | None, bin_dir: Path | None
+@click.option(
+    "--apt-sources",
+    "apt_sources",
+    multiple=True,
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="An apt source file (.list or .sources) naming the Debian mirror the service images' "
+    "userland comes from, instead of the host's own sources (a build host that is not Debian). "
+    "Repeatable.",
+)
+@click.option(
+    "--registry",
+    default="warren.dev",
+    show_default=True,
+    help="Name prefix of the service images (an operator's registry, e.g. registry.example:5000/warren).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print what was built and imported as JSON.")
+def image_build(  # noqa: PLR0917 (click passes every option by position)
+    names: tuple[str, ...],
+    out_dir: Path,
+    import_into: Path | None,
+    bin_dir: Path | None,
+    registry: str,
+    as_json: bool,
+    apt_sources: tuple[Path, ...] = (),
 ) -> None:
-    """Build image archives: busybox, pause, coredns (default: all)."""
-    import subprocess
+    """Build image archives: busybox, pause, coredns (from local files), and Warren's services
+    warren-control, warren-blockd, seaweedfs, postgres (a Debian userland from Debian's
+    packages plus this checkout's wheels; as root). Default: all. With --import, an image
+    the node already holds with the same digest is left alone."""
+    import json
 
+    from warren.bundle import BundleError, build, cache
+    from warren.images.rootfs import ImageError
+    from warren.images.services import SERVICES, build_from_checkout
     from warren.node import images
 
-    bins = _bin_dir(bin_dir)
-    wanted = set(names) or {"busybox", "pause", "coredns"}
-    unknown = wanted - {"busybox", "pause", "coredns"}
+    local = {"busybox", "pause", "coredns"}
+    services = {s.name for s in SERVICES}
+    wanted = set(names) or local | services
+    unknown = wanted - local - services
     if unknown:
         raise click.ClickException(
-            f"unknown image {', '.join(sorted(unknown))}: choose busybox, pause, coredns"
+            f"unknown image {', '.join(sorted(unknown))}: choose from {', '.join(sorted(local | services))}"
         )
-    for built in images.build_all(bins, out_dir, only=wanted):
-        click.echo(f"{built.name}\t{built.manifest_digest}\t{built.archive}\tsha256:{built.archive_sha256}")
-        if import_into:
-            subprocess.run(
-                [
-                    str(bins / "ctr"),
-                    "--address",
-                    str(import_into),
-                    "--namespace",
-                    images.NAMESPACE,
-                    "images",
-                    "import",
-                    str(built.archive),
-                ],
-                check=True,
-                capture_output=True,
+    made = []
+    try:
+        if wanted & local:
+            made += images.build_all(_bin_dir(bin_dir), out_dir, only=wanted & local)
+        if wanted & services:
+            made += build_from_checkout(
+                build.find_repo(Path.cwd()),
+                out_dir.absolute(),
+                cache.default_root().absolute(),
+                registry=registry,
+                only=sorted(wanted & services),
+                progress=_say,
+                apt_sources=[path.absolute() for path in apt_sources] or None,
             )
-            _say(f"imported {built.name}")
+    except (BundleError, ImageError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for built in made:
+        if not as_json:
+            click.echo(
+                f"{built.name}\t{built.manifest_digest}\t{built.archive}\tsha256:{built.archive_sha256}"
+            )
+    imported: list[str] = []
+    if import_into:
+        try:
+            imported = images.import_built(_bin_dir(bin_dir), import_into, made, _say)
+        except ClusterError as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        digests = {b.name: b.manifest_digest for b in made}
+        click.echo(json.dumps({"changed": bool(imported), "imported": imported, "digests": digests}))
+
+
+@image.command("import")
+@click.argument("archives", nargs=-1, type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option(
+    "--bundle",
+    "bundle_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Instead of ARCHIVES: the service images the configuration's workloads run, from this "
+    "extracted bundle (each checked against the digest its manifest pins).",
+)
+@config_option
+@click.option(
+    "--containerd",
+    "socket",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="The node's containerd socket, e.g. /run/containerd/containerd.sock (namespace k8s.io).",
+)
+@bin_dir_option
+@click.option("--dry-run", is_flag=True, help="Say what would be imported; import nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was imported as JSON (for installers).")
+def image_import(  # noqa: PLR0917 (click passes every option by position)
+    archives: tuple[Path, ...],
+    bundle_dir: Path | None,
+    config_path: Path | None,
+    socket: Path,
+    bin_dir: Path | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Import OCI image archives into a node's containerd (with `ctr` from --bin-dir), only
+    those it does not hold with the same digest, each also named by its digest so that
+    workloads pinned by digest find it without a registry."""
+    import json
+
+    from warren.bundle import BundleError
+    from warren.bundle.images import workload_images
+    from warren.images import Built
+    from warren.images.registry import RegistryError, archive_image
+    from warren.node import images
+
+    if bool(archives) == bool(bundle_dir):
+        raise click.UsageError("give either ARCHIVES or --bundle")
+    made: list[Built] = []
+    try:
+        if bundle_dir:
+            services = _config(config_path).services
+            for found in workload_images(bundle_dir, services.image_tag, services.stores):
+                name, digest = archive_image(found.archive)
+                if (name, digest) != (found.name, found.digest):
+                    raise BundleError(
+                        f"{found.archive} holds {name} at {digest}, but the bundle's manifest pins "
+                        f"{found.name} at {found.digest}: copy the bundle again (`warren bundle verify`)"
+                    )
+                made.append(Built(found.name, found.archive, found.digest, found.archive_sha256))
+        else:
+            from warren.bundle.manifest import hash_file
+
+            for archive in archives:
+                name, digest = archive_image(archive)
+                made.append(Built(name, archive, digest, hash_file(archive)[1]))
+        if not socket.exists():
+            raise ClusterError(f"no containerd socket at {socket}: start containerd, or pass its socket")
+        done = images.import_built(_bin_dir(bin_dir), socket, made, _say, dry_run=dry_run)
+    except (BundleError, RegistryError, ClusterError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if dry_run:
+        for name in done:
+            _say(f"would import {name}")
+    if as_json:
+        digests = {b.name: b.manifest_digest for b in made}
+        click.echo(json.dumps({"changed": bool(done), "imported": done, "digests": digests}))
+
+
+@image.command("push")
+@click.argument("archives", nargs=-1, type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option(
+    "--bundle",
+    "bundle_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Instead of ARCHIVES: the service images the configuration's workloads run, from this "
+    "extracted bundle.",
+)
+@config_option
+@click.option(
+    "--registry",
+    help="Where to push: HOST[:PORT][/PATH]; each image keeps its own name and tag below it. "
+    "Default with --bundle: the configuration's services.image_registry.",
+)
+@click.option(
+    "--tls-verify/--no-tls-verify", default=True, show_default=True, help="Check the registry's TLS."
+)
+@click.option(
+    "--authfile",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Registry credentials in containers-auth.json form (skopeo login writes one).",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be pushed; push nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was pushed as JSON (for installers).")
+def image_push(  # noqa: PLR0917 (click passes every option by position)
+    archives: tuple[Path, ...],
+    bundle_dir: Path | None,
+    config_path: Path | None,
+    registry: str | None,
+    tls_verify: bool,
+    authfile: Path | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Push OCI image archives (`warren image build`, the bundle's images/) to an operator's
+    registry with skopeo, each unless the registry already serves it with the same digest;
+    prints each image's reference and digest."""
+    import json
+
+    from warren.bundle import BundleError
+    from warren.bundle.images import workload_images
+    from warren.images.registry import RegistryError, push
+
+    if bool(archives) == bool(bundle_dir):
+        raise click.UsageError("give either ARCHIVES or --bundle")
+    if bundle_dir:
+        services = _config(config_path).services
+        if registry and registry != services.image_registry:
+            # The workloads name the configuration's registry: images elsewhere would not be found.
+            raise click.UsageError(
+                f"--registry {registry} is not the configuration's services.image_registry "
+                f"({services.image_registry}): set that instead, or leave --registry out"
+            )
+        registry = services.image_registry
+        if registry == DEFAULT_IMAGE_REGISTRY:
+            raise click.UsageError(
+                f"services.image_registry is {registry}, the name the images are built under, which "
+                "no registry serves: set it to your registry (or import the images into the nodes "
+                "with `warren image import --bundle`)"
+            )
+        try:
+            archives = tuple(
+                i.archive for i in workload_images(bundle_dir, services.image_tag, services.stores)
+            )
+        except BundleError as exc:
+            raise click.ClickException(str(exc)) from None
+    if not registry:
+        raise click.UsageError("--registry is required with ARCHIVES")
+    results = []
+    for archive in archives:
+        try:
+            pushed = push(archive, registry, tls_verify=tls_verify, authfile=authfile, dry_run=dry_run)
+        except RegistryError as exc:
+            raise click.ClickException(str(exc)) from None
+        results.append(pushed)
+        if not pushed.changed:
+            _say(f"{pushed.reference} is served already")
+        elif dry_run:
+            _say(f"would push {pushed.reference}")
+        if not as_json:
+            click.echo(f"{pushed.reference}\t{pushed.digest}")
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "changed": any(p.changed for p in results),
+                    "pushed": [p.reference for p in results if p.changed],
+                    "digests": {p.reference: p.digest for p in results},
+                }
+            )
+        )
 
 
 # -- bundle ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-# Destinations a sandbox pod must never reach (ARCHITECTURE.md, "Egress deny floor").
+# Destinations a sandbox pod must never reach (docs/isolation-floor.md, "Egress floor").
 DEFAULT_BLOCKED_V4 = (
     "10.0.0.0/8",
     "172.16.0.0/12",
@@ -26,6 +26,7 @@ DEFAULT_BLOCKED_V4 = (
 )
 DEFAULT_BLOCKED_V6 = ("fc00::/7", "fe80::/10", "fd00:ec2::254/128", "::1/128")
 
+SYSTEM_NAMESPACE = "warren-system"  # Warren's own services; privileged
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -222,6 +223,15 @@ class IsolationConfig(_Model):
             raise ValueError("at least one group must be able to manage the floor")
         return value
 
+    @model_validator(mode="after")
+    def _not_the_system_namespace(self) -> IsolationConfig:
+        if SYSTEM_NAMESPACE in self.sandbox_namespaces:
+            raise ValueError(
+                f"{SYSTEM_NAMESPACE} is the platform's own, privileged namespace: "
+                "it cannot be a sandbox namespace"
+            )
+        return self
+
     @property
     def sandbox_namespaces(self) -> tuple[str, ...]:
         return (self.default_namespace, *self.extra_namespaces)
@@ -246,10 +256,151 @@ class EgressConfig(_Model):
         return [c for c in cidrs if ipaddress.ip_network(c).version == version]
 
 
+IMAGE_REGISTRY = re.compile(
+    r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$"
+)
+IMAGE_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# The name Warren's images are built under. No registry serves it: with it, the installers
+# import the images into the nodes instead of pulling or pushing.
+DEFAULT_IMAGE_REGISTRY = "warren.dev"
+# The images of Warren's services (warren image build), by the name the templates use.
+SERVICE_IMAGES = ("warren-control", "warren-blockd", "seaweedfs", "postgres")
+IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+class ServicesConfig(_Model):
+    """Warren's own services as workloads in warren-system, rendered beside the floor: the
+    control plane (a Deployment), warren-blockd with its CSI node plugin (a DaemonSet on the
+    sandbox nodes), the install Job that makes their Secrets on the cluster, and with
+    `stores: embedded` SeaweedFS and PostgreSQL (single-node StatefulSets)."""
+
+    # Off: the object store, the database, warren-blockd and the control plane run as host
+    # services (the Ansible roles of those names) instead.
+    enabled: bool = True
+    # Images are <image_registry>/<service>:<image_tag> (warren image build/push).
+    image_registry: str = DEFAULT_IMAGE_REGISTRY
+    image_tag: str = "0.1.0"
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    control_replicas: Annotated[int, Field(ge=1, le=9)] = 2
+    # What a sandbox's pod reserves on its node, as a share of its size (its limits): an
+    # idle gVisor sandbox uses a few millicores and tens of MiB, so small shares let a node
+    # hold many (100 for both: requests equal limits, the Guaranteed class).
+    sandbox_cpu_request_percent: Annotated[int, Field(ge=1, le=100)] = 1
+    sandbox_memory_request_percent: Annotated[int, Field(ge=1, le=100)] = 10
+    # The nodes that run sandboxes (and so warren-blockd); empty: every node.
+    sandbox_node_selector: dict[str, str] = Field(default_factory=dict)
+    # embedded: SeaweedFS and PostgreSQL in warren-system, their credentials made by the
+    # install Job. external: the operator's stores, named by the Secrets warren-database
+    # (url) and warren-object-store (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), which the
+    # install Job checks for before anything starts.
+    stores: Literal["embedded", "external"] = "embedded"
+    object_store_endpoint: str = Field(
+        default="", description="external: the S3 endpoint URL; empty for AWS S3"
+    )
+    # How warren-blockd and the control plane sign their S3 requests. secret: the keys in
+    # the Secret warren-object-store. ambient (external stores only): the AWS SDK's default
+    # chain, e.g. EKS Pod Identity or IRSA for their service accounts; no key is stored.
+    object_store_credentials: Literal["secret", "ambient"] = "secret"
+    bucket: str = "warren-workspaces"
+    # embedded: where the stores keep their data on the node they run on.
+    stores_host_path: str = "/var/lib/warren/stores"
+    # Each node's warren-blockd state: the write spool and the chunk cache.
+    blockd_state_host_path: str = "/var/lib/warren/blockd"
+    kubelet_root: str = "/var/lib/kubelet"
+    # Each image pinned by its manifest digest (service -> sha256:...): what runs is exactly
+    # what was built, and a rebuild under the same tag rolls the workloads. The local
+    # deployment fills it from what the node holds (`warren apply --local-node`).
+    image_digests: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("image_registry")
+    @classmethod
+    def _registry(cls, value: str) -> str:
+        if not IMAGE_REGISTRY.match(value):
+            raise ValueError(
+                f"{value!r} is not a registry host[:port][/path], e.g. registry.example.com:5000/warren"
+            )
+        return value
+
+    @field_validator("image_tag")
+    @classmethod
+    def _tag(cls, value: str) -> str:
+        if not IMAGE_TAG.match(value):
+            raise ValueError(f"{value!r} is not an image tag (letters, digits, '_', '.', '-'; at most 128)")
+        return value
+
+    @field_validator("sandbox_node_selector")
+    @classmethod
+    def _selector(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            if not LABEL_KEY.match(key) or not LABEL_VALUE.match(label):
+                raise ValueError(
+                    f"{key}={label} is not a node label (key [prefix/]name, value of 63 at most)"
+                )
+        return value
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, value: str) -> str:
+        return WorkspacesConfig._bucket(value)
+
+    @field_validator("image_digests")
+    @classmethod
+    def _digests(cls, value: dict[str, str]) -> dict[str, str]:
+        for service, digest in value.items():
+            if service not in SERVICE_IMAGES:
+                raise ValueError(f"{service!r} is not one of Warren's images ({', '.join(SERVICE_IMAGES)})")
+            if not IMAGE_DIGEST.match(digest):
+                raise ValueError(f"{digest!r} ({service}) is not a digest: sha256: and 64 hex digits")
+        return value
+
+    @field_validator("stores_host_path", "blockd_state_host_path", "kubelet_root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or ".." in value.split("/"):
+            raise ValueError(f"{value!r} is not an absolute path without '..'")
+        return value.rstrip("/") or "/"
+
+    @field_validator("object_store_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        if value and not re.match(r"^https?://[^/\s]+$", value):
+            raise ValueError(f"{value!r} is not an endpoint URL, e.g. https://s3.example.com:9000")
+        return value
+
+    @model_validator(mode="after")
+    def _stores(self) -> ServicesConfig:
+        if self.stores == "embedded" and self.object_store_endpoint:
+            raise ValueError(
+                "object_store_endpoint is for stores: external (embedded stores are found in the cluster)"
+            )
+        if self.stores == "embedded" and self.object_store_credentials == "ambient":
+            raise ValueError(
+                "object_store_credentials: ambient is for stores: external (the embedded store "
+                "knows only the keys the install Job makes); use secret"
+            )
+        return self
+
+    @property
+    def install_job(self) -> str:
+        """The install Job's name: one per version and, when pinned, per warren-control
+        image (a Job's pod template cannot change, so a rebuilt image needs a new Job)."""
+        name = "warren-install-" + self.image_tag.replace(".", "-").replace("_", "-").lower()[:30].strip("-")
+        pinned = self.image_digests.get("warren-control")
+        return f"{name}-{pinned.removeprefix('sha256:')[:10]}" if pinned else name
+
+    def image(self, service: str) -> str:
+        pinned = self.image_digests.get(service)
+        reference = f"{self.image_registry}/{service}:{self.image_tag}"
+        return f"{reference}@{pinned}" if pinned else reference
+
+
 class WarrenConfig(_Model):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     isolation: IsolationConfig = Field(default_factory=IsolationConfig)
     egress: EgressConfig = Field(default_factory=EgressConfig)
+    services: ServicesConfig = Field(default_factory=ServicesConfig)
 
 
 def _describe(error: ValidationError) -> str:

@@ -6,6 +6,7 @@ Pulumi apply what this module renders, so both install paths produce the same ob
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import jinja2
 import yaml
 
 from warren.config import WarrenConfig
+from warren.images.services import POSTGRES_GID, POSTGRES_UID
 
 # Apply order: what others depend on first (namespaces and the CRD before anything
 # namespaced or anything that names them; a policy before its binding).
@@ -27,9 +29,45 @@ TEMPLATES = (
     "admission-sandbox-pods.yaml.j2",
     "admission-floor-guard.yaml.j2",
     "networkpolicy-egress-floor.yaml.j2",
+    # Warren's own services last: their pods are admitted with the floor already in place.
+    "warren-system.yaml.j2",
 )
 
 Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PodSecurityBaseline:
+    """What the Pod Security baseline profile allows, as k8s.io/pod-security-admission
+    defines it for the pinned Kubernetes (v1.34): the sandbox-pod policy enforces the same
+    checks itself, so a sandbox namespace does not depend on its Pod Security labels."""
+
+    safe_sysctls: tuple[str, ...] = (
+        "kernel.shm_rmid_forced",
+        "net.ipv4.ip_local_port_range",
+        "net.ipv4.ip_unprivileged_port_start",
+        "net.ipv4.tcp_syncookies",
+        "net.ipv4.ping_group_range",
+        "net.ipv4.ip_local_reserved_ports",
+        "net.ipv4.tcp_keepalive_time",
+        "net.ipv4.tcp_fin_timeout",
+        "net.ipv4.tcp_keepalive_intvl",
+        "net.ipv4.tcp_keepalive_probes",
+        "net.ipv4.tcp_rmem",
+        "net.ipv4.tcp_wmem",
+    )
+    selinux_types: tuple[str, ...] = (
+        "",
+        "container_t",
+        "container_init_t",
+        "container_kvm_t",
+        "container_engine_t",
+    )
+    seccomp_types: tuple[str, ...] = ("RuntimeDefault", "Localhost")
+    apparmor_types: tuple[str, ...] = ("RuntimeDefault", "Localhost")
+
+
+BASELINE = PodSecurityBaseline()
 
 
 def templates_dir() -> Path:
@@ -67,6 +105,11 @@ def render_text(config: WarrenConfig) -> dict[str, str]:
         "isolation": config.isolation,
         "egress": config.egress,
         "workspace_driver": WORKSPACE_DRIVER,
+        "baseline": BASELINE,
+        "services": config.services,
+        # The embedded PostgreSQL image's postgres user (a unit test reads the image).
+        "postgres_uid": POSTGRES_UID,
+        "postgres_gid": POSTGRES_GID,
     }
     return {name.removesuffix(".j2"): env.get_template(name).render(**context) for name in TEMPLATES}
 
@@ -88,6 +131,8 @@ def write(config: WarrenConfig, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in render_text(config).items():
+        if not text.strip():  # a part the configuration leaves out (services.enabled: false)
+            continue
         path = out_dir / name
         path.write_text(text)
         written.append(path)

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The cluster tier: build (or reuse) the pinned binaries, deploy the whole platform with
-# Ansible (site.yml, local inventory) on its own ports and state directory, run the
-# conformance suite, the control plane's acceptance path, the Ansible convergence checks and
-# the lifecycle tests, and take the cluster down again, also when something fails.
+# Ansible (site.yml, local inventory) on its own ports and state directory: the local cluster,
+# the floor, and Warren's own services as workloads in warren-system from images built here
+# and imported into the node. Then the conformance suite (the floor, real pods, the platform
+# tier through the edge with the first key), the workloads' checks, the control plane's
+# controller tests, the Ansible convergence checks and the lifecycle tests; the cluster goes
+# down again, also when something fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 venv=$PWD/.venv/bin
@@ -10,9 +13,6 @@ bin_dir=$(tools/build-cluster-binaries.sh)
 export WARREN_BIN_DIR=$bin_dir PATH=$bin_dir:$PATH
 WARREN_HOME=$(mktemp -d "${TMPDIR:-/tmp}/warren-cluster-tier.XXXXXX")
 export WARREN_HOME
-# PostgreSQL runs as its own user with its data under $WARREN_HOME: let it through (mktemp
-# made the directory 0700; /var/lib/warren, the default, is 0755).
-chmod 0711 "$WARREN_HOME"
 export WARREN_TEST_CONFIG=$PWD/tests/cluster/warren-test.yaml
 results=$PWD/test-results
 mkdir -p "$results"
@@ -23,22 +23,30 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The whole platform as `make deploy` deploys it: playbooks/site.yml with the local inventory
-# (the local cluster, the platform's objects, SeaweedFS, blockd and its CSI plugin, the
-# control plane), its state under $WARREN_HOME, its settings from $WARREN_CONFIG.
+# The whole platform as `make deploy` deploys it: playbooks/site.yml with the local inventory,
+# its state under $WARREN_HOME, its settings from $WARREN_CONFIG.
 export WARREN_CONFIG=$WARREN_TEST_CONFIG ANSIBLE_CONFIG=$PWD/ansible.cfg
 if ! "$venv/ansible-playbook" -i inventories/local/hosts.yml playbooks/site.yml > "$results/site-first-run.log"; then
   tail -60 "$results/site-first-run.log"
   exit 1
 fi
 grep -A1 "PLAY RECAP" "$results/site-first-run.log"
+kubeconfig=$("$venv/warren" cluster kubeconfig)
+records=$WARREN_HOME/cluster/control-plane
 # The node is this machine: start real gVisor pods and prove the egress floor against test
-# hosts made here in network namespaces.
+# hosts made here in network namespaces. Kubernetes' own Pod Security corpus at the pinned
+# version is named explicitly so that the suite fails rather than skips if it cannot be
+# read. The platform tier goes through the edge's Service with the install Job's first key.
 image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(busybox_image())')
-"$venv/warren" conformance --kubeconfig "$("$venv/warren" cluster kubeconfig)" \
+"$venv/warren" conformance --kubeconfig "$kubeconfig" \
   --config "$WARREN_TEST_CONFIG" --junitxml "$results/conformance.xml" \
-  --runtime-tests --egress-test-hosts local --image "$image"
+  --runtime-tests --egress-test-hosts local --image "$image" \
+  --pod-security-fixtures "$(tools/pod-security-fixtures.sh)" \
+  --api-url "$(cat "$records/url")" --api-key-file "$records/api-key"
+# Warren's services as workloads: rolled out, leader elected, Secrets on the cluster only,
+# nothing of Warren's on the host outside a pod; warren-blockd rolled under writing sandboxes.
+WARREN_KUBECONFIG=$kubeconfig "$venv/pytest" -m workloads -rP tests/workloads --junitxml "$results/workloads.xml"
 # The control plane's controller on the same cluster, in namespaces of its own.
-WARREN_KUBECONFIG=$("$venv/warren" cluster kubeconfig) WARREN_TEST_IMAGE=$image \
+WARREN_KUBECONFIG=$kubeconfig WARREN_TEST_IMAGE=$image \
   packages/warren-control/tests/run-cluster.sh --junitxml "$results/control-cluster.xml"
 "$venv/pytest" -m cluster tests/cluster --junitxml "$results/cluster.xml"

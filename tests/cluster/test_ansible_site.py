@@ -1,12 +1,12 @@
 """The platform as Ansible deployed it (tests/cluster/run.sh ran playbooks/site.yml with the
-local inventory once): a second run changes nothing and restarts nothing, a `--check --diff`
-run reports nothing to change, and the host is what the roles promise (testinfra): secrets
-0600 in 0700 directories, every service running as its user, the object store, the database
-and the control plane on loopback only, the control plane's records in PostgreSQL, and the
-object store refusing anyone without its generated credentials."""
+local inventory once): a second run changes nothing and restarts nothing (no cluster process,
+no pod of warren-system), a `--check --diff` run reports nothing to change, the credentials
+on the host are private, the object store refuses anyone without its generated credentials,
+and the control plane's records are in the embedded PostgreSQL."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -18,17 +18,13 @@ from typing import Any
 import pytest
 import testinfra
 
-from warren.config import ClusterConfig
 from warren.controlplane.local import layout as control_layout
 from warren.workspaces.local import blockd_env
-from warren.workspaces.local import layout as workspaces_layout
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-SERVICES = ("warren-objects", "warren-postgres", "warren-blockd", "warren-blockd-csi", "warren-control")
-# Who each service runs as: root where it mounts (blockd) or holds root-only secrets.
-USERS = {name: "postgres" if name == "warren-postgres" else "root" for name in SERVICES}
+SYSTEM = "warren-system"
 RECAP = re.compile(r"^localhost\s*:\s*(.*)$", re.MULTILINE)
 
 
@@ -51,8 +47,39 @@ def playbook(env: dict[str, str], *args: str) -> dict[str, int]:
     return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", found.group(1))}
 
 
-def pids(state: Path) -> dict[str, int]:
-    return {name: int(json.loads((state / "run" / f"{name}.json").read_text())["pid"]) for name in SERVICES}
+def kubectl(state: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(state / "admin.kubeconfig"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+def processes(state: Path) -> dict[str, int]:
+    """The cluster's own processes (supervised) by name, with their pids."""
+    return {p.stem: int(json.loads(p.read_text())["pid"]) for p in (state / "run").glob("*.json")}
+
+
+def pods(state: Path) -> dict[str, tuple[str, int]]:
+    """warren-system's pods: name -> (uid, restarts of all its containers)."""
+    found = json.loads(kubectl(state, "-n", SYSTEM, "get", "pods", "-o", "json"))["items"]
+    return {
+        p["metadata"]["name"]: (
+            p["metadata"]["uid"],
+            sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses", [])),
+        )
+        for p in found
+        if p["status"].get("phase") != "Succeeded"  # the install Job's finished pod
+    }
+
+
+def secret(state: Path, name: str) -> dict[str, str]:
+    data = json.loads(kubectl(state, "-n", SYSTEM, "get", "secret", name, "-o", "json"))["data"]
+    return {key: base64.b64decode(value).decode() for key, value in data.items()}
 
 
 @pytest.fixture(scope="module")
@@ -62,58 +89,38 @@ def host() -> Any:
 
 def test_a_second_run_changes_and_restarts_nothing(env: dict[str, str], state: Path) -> None:
     key = control_layout(state).api_key.read_text()
-    before = pids(state)
+    before = (processes(state), pods(state))
     recap = playbook(env)
     assert recap["changed"] == 0 and recap["failed"] == 0, recap
-    assert pids(state) == before
+    assert (processes(state), pods(state)) == before
     assert control_layout(state).api_key.read_text() == key
 
 
 def test_check_mode_finds_nothing_to_change(env: dict[str, str], state: Path) -> None:
-    before = pids(state)
+    before = (processes(state), pods(state))
     recap = playbook(env, "--check", "--diff")
     assert recap["changed"] == 0 and recap["failed"] == 0, recap
-    assert pids(state) == before
+    assert (processes(state), pods(state)) == before
 
 
-def test_secrets_are_private_and_services_run(host: Any, state: Path) -> None:
-    plane, layer = control_layout(state), workspaces_layout(state)
-    for directory in (plane.root, layer.objects, layer.blockd_state, layer.credentials.parent):
-        assert host.file(str(directory)).mode == 0o700, directory
-    for secret in (
-        plane.api_key,
-        plane.stamp_key,
-        plane.kubeconfig,
-        plane.root / "control.env",
-        layer.credentials,
-        layer.credentials.parent / "s3.json",
-    ):
-        found = host.file(str(secret))
-        assert found.exists and found.user == "root" and found.mode == 0o600, secret
-    for name in SERVICES:
-        record = json.loads((state / "run" / f"{name}.json").read_text())
-        assert host.process.get(pid=record["pid"]).user == USERS[name], name
-
-
-def test_every_service_listens_on_loopback_only(host: Any, state: Path, settings: ClusterConfig) -> None:
-    base = settings.workspaces.base_port
-    wanted = [base, base + 3, settings.control_plane.edge_port, settings.control_plane.api_port]
-    wanted.append(settings.database.port)
-    for port in wanted:
-        assert host.socket(f"tcp://127.0.0.1:{port}").is_listening, port
-    # Every listener of every service (gRPC and admin ports included), found by its pid.
-    ours = {int(json.loads((state / "run" / f"{name}.json").read_text())["pid"]): name for name in SERVICES}
-    listeners = host.run("ss -Htlnp").stdout.splitlines()
-    seen = 0
-    for line in listeners:
-        pids = {int(p) for p in re.findall(r"pid=(\d+)", line)}
-        owners = [ours[p] for p in pids if p in ours]
-        if not owners:
-            continue
-        seen += 1
-        address = line.split()[3].rsplit(":", 1)[0]
-        assert address in {"127.0.0.1", "[::1]"}, f"{owners[0]} listens on {line.split()[3]}"
-    assert seen >= len(wanted)
+def test_the_host_keeps_only_the_cluster_and_private_records(host: Any, state: Path) -> None:
+    """Warren's services are pods: the host supervises only the cluster's own processes, and
+    keeps only where the API answers and its first key, readable by root alone."""
+    assert set(processes(state)) == {
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "containerd",
+        "kubelet",
+        "kube-proxy",
+    }
+    records = control_layout(state)
+    assert host.file(str(records.root)).mode == 0o700
+    for private in (records.api_key, records.url):
+        found = host.file(str(private))
+        assert found.exists and found.user == "root" and found.mode == 0o600, private
+    assert secret(state, "warren-first-key")["key"] == records.api_key.read_text().strip()
 
 
 STORE_PROBE = """
@@ -135,22 +142,20 @@ print(attempt(config=Config(signature_version=botocore.UNSIGNED)))
 """
 
 
-def test_the_object_store_refuses_everyone_without_its_credentials(
-    state: Path, settings: ClusterConfig
-) -> None:
-    creds = dict(
-        line.split("=", 1)
-        for line in workspaces_layout(state).credentials.read_text().splitlines()
-        if "=" in line
+def test_the_object_store_refuses_everyone_without_its_credentials(state: Path) -> None:
+    """The embedded SeaweedFS, through its Service (what the workloads use), with the
+    credentials the install Job generated, a forged signature, a guessable pair, none."""
+    creds = secret(state, "warren-object-store")
+    address = kubectl(
+        state, "-n", SYSTEM, "get", "service", "warren-objects", "-o", "jsonpath={.spec.clusterIP}"
     )
-    endpoint = f"http://127.0.0.1:{settings.workspaces.s3_port}"
     done = subprocess.run(
         [
             str(blockd_env() / "bin" / "python"),
             "-c",
             STORE_PROBE,
-            endpoint,
-            settings.workspaces.bucket,
+            f"http://{address}:8333",
+            "warren-workspaces",
             creds["AWS_ACCESS_KEY_ID"],
             creds["AWS_SECRET_ACCESS_KEY"],
         ],
@@ -159,15 +164,23 @@ def test_the_object_store_refuses_everyone_without_its_credentials(
         check=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
     )
-    right, forged, old_default, anonymous = done.stdout.split()
+    right, forged, guessed, anonymous = done.stdout.split()
     assert right == "accepted"
     assert forged == "SignatureDoesNotMatch"
-    assert old_default == "InvalidAccessKeyId"
+    assert guessed == "InvalidAccessKeyId"
     assert anonymous == "AccessDenied"
 
 
-def test_the_records_are_in_postgresql(state: Path, settings: ClusterConfig) -> None:
-    env_file = (control_layout(state).root / "control.env").read_text()
-    assert f"@127.0.0.1:{settings.database.port}/" in env_file
-    assert env_file.startswith("# Managed") and "WARREN_DATABASE_URL=postgresql+psycopg://" in env_file
-    assert not (control_layout(state).root / "records.db").exists()
+COUNT_KEYS = (
+    'PGPASSWORD="$(cat /etc/warren/postgres/password)" /usr/lib/postgresql/15/bin/psql'
+    " -h /var/run/postgresql -U postgres -d postgres -Atc 'select count(*) from api_keys'"
+)
+
+
+def test_the_records_are_in_the_embedded_postgresql(state: Path) -> None:
+    url = secret(state, "warren-database")["url"]
+    assert url.startswith("postgresql+psycopg://") and f"@warren-postgres.{SYSTEM}.svc:5432/" in url
+    counted = kubectl(
+        state, "-n", SYSTEM, "exec", "statefulset/warren-postgres", "--", "sh", "-c", COUNT_KEYS
+    )
+    assert int(counted) >= 1

@@ -3,7 +3,7 @@ runs playbooks/site.yml with the local inventory), and the issue's acceptance pa
 `warren sandbox` CLI against it: create a sandbox, `echo hi` in it, fork it, read a file from
 the children, delete them all.
 
-Forking needs the workspace layer (the object_store and blockd roles). With it, the
+Forking needs the workspace layer (warren-blockd and the object store). With it, the
 parent writes a file in /workspace, is forked twice in one call and once more, every child sees
 the file, a change in one child shows in no other sandbox, and all four are deleted. A deployment
 without it (`cluster.workspaces.enabled: false`) must refuse the fork with exactly the API's named
@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from warren.config import ClusterConfig
-from warren.controlplane.local import layout
 
 pytestmark = pytest.mark.cluster
 
@@ -36,7 +35,9 @@ FORK_REFUSED = (
 def run(
     env: dict[str, str], program: str, *args: str, stdin: bytes | None = None
 ) -> subprocess.CompletedProcess[bytes]:
-    cmd = [str(Path(sys.executable).parent / program), *args]
+    """A program of this environment (kubectl: from the cluster binaries on PATH)."""
+    local = Path(sys.executable).parent / program
+    cmd = [str(local) if local.exists() else program, *args]
     return subprocess.run(cmd, input=stdin, capture_output=True, env=env, check=False, timeout=900)
 
 
@@ -57,13 +58,22 @@ def read(env: dict[str, str], sandbox_id: str, path: str) -> bytes:
     return got.stdout
 
 
+CONTROL = "/opt/warren/control/bin/warren-control"  # in the warren-control image
+
+
+def admin(env: dict[str, str], state: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """`warren-control admin` in a control-plane pod, on the records it serves from."""
+    kubeconfig = str(state / "admin.kubeconfig")
+    where = ["-n", "warren-system", "exec", "deployment/warren-control", "-c", "control", "--"]
+    return run(env, "kubectl", "--kubeconfig", kubeconfig, *where, CONTROL, "admin", *args)
+
+
 def test_admin_commands_on_the_live_records(env: dict[str, str], state: Path) -> None:
-    database = ["--database-url", layout(state).database_url]
-    token = ok(run(env, "warren-control", "admin", "issue-key", "default", "tester", *database)).strip()
+    token = ok(admin(env, state, "issue-key", "default", "tester")).strip()
     with_token = {**env, "WARREN_API_KEY": token}
     ok(sandbox(with_token, "list"))
-    key_id = ok(run(env, "warren-control", "admin", "revoke-key", token, *database)).strip()
-    listed = ok(run(env, "warren-control", "admin", "list-keys", "--json", "--org", "default", *database))
+    key_id = ok(admin(env, state, "revoke-key", token)).strip()
+    listed = ok(admin(env, state, "list-keys", "--json", "--org", "default"))
     rows = {row["key_id"]: row for row in map(json.loads, listed.splitlines())}
     assert rows[key_id]["revoked_at"] and rows[key_id]["user"] == "tester"
     refused = sandbox(with_token, "list")

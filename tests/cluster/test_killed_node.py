@@ -1,10 +1,10 @@
 """Node loss, simulated on the deployed platform (tests/cluster/run.sh): a sandbox writes to its
-workspace and gets a `replicated` receipt from the node's blockd; then the node loses
-everything a crash and a new disk take (the kubelet, blockd and its CSI plugin killed,
-every container gone, every mount gone, blockd's node-local state and chunk cache wiped);
-the node starts again and the same sandbox comes back with every byte the receipt covered,
-restored from the object store. The API's answer for what object storage proves, read before
-the loss, names at least the receipt's sequence, and still does after.
+workspace and gets a `replicated` receipt from the node's warren-blockd; then the node loses
+everything a crash and a new disk take (the kubelet stopped, warren-blockd's processes
+killed, every container gone, every mount gone, blockd's node-local state and chunk cache
+wiped); the node starts again and the same sandbox comes back with every byte the receipt
+covered, restored from the object store. The API's answer for what object storage proves,
+read before the loss, names at least the receipt's sequence, and still does after.
 
 It runs before test_local_cluster.py (file order), whose last tests take the cluster down, and
 after the acceptance path: it takes every pod of the node down with it."""
@@ -20,25 +20,45 @@ import time
 from pathlib import Path
 
 import pytest
-from test_ansible_site import playbook
-from test_control_plane import SMALL, ok, read, run, sandbox
+from test_ansible_site import kubectl, playbook
+from test_control_plane import SMALL, ok, read, sandbox
 
 from warren.cluster.process import Supervisor
 from warren.config import load_config
 from warren.node.layout import NodeLayout
-from warren.workspaces.local import BLOCKD, CSI, blockd_env, layout
+from warren.node.workloads import host_paths
 
 pytestmark = pytest.mark.cluster
 
+BLOCKD = "/opt/warren/blockd/bin/warren-blockd"  # in the warren-blockd image
 
-def kill(supervisor: Supervisor, name: str) -> None:
+
+def blockd_processes() -> list[int]:
+    """warren-blockd's processes on this machine (the daemon and its CSI plugin, in the
+    DaemonSet's pod)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            cgroup = (entry / "cgroup").read_text()
+        except OSError:
+            continue
+        if "kubepods" in cgroup and any(arg.endswith(b"/warren-blockd") for arg in cmdline[:3]):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_blockd() -> None:
     """SIGKILL, as a crash: no flush, no unmount."""
-    record = supervisor.running(name)
-    assert record is not None, f"{name} is not running"
-    os.kill(record.pid, signal.SIGKILL)
+    pids = blockd_processes()
+    assert pids, "no warren-blockd process runs in a pod"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while supervisor.running(name) is not None:
-        assert time.monotonic() < deadline, f"{name} survived SIGKILL"
+    while any(Path(f"/proc/{pid}").exists() for pid in pids):
+        assert time.monotonic() < deadline, "warren-blockd survived SIGKILL"
         time.sleep(0.2)
 
 
@@ -76,12 +96,12 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
     from warren.node.images import busybox_image
 
     config = load_config(Path(env["WARREN_TEST_CONFIG"]))
-    if not config.cluster.sandbox_workspaces:
-        pytest.fail("the node-loss test needs the workspace layer (cluster.workspaces.enabled)")
-    layer = layout(state)
+    if not config.services.enabled:
+        pytest.fail("the node-loss test needs Warren's services as workloads (services.enabled)")
     node = NodeLayout(state / "node")
+    blockd_state = Path(host_paths(state)["blockd_state_host_path"])
     supervisor = Supervisor(state)
-    blockd = [str(blockd_env() / "bin" / "warren-blockd"), f"--socket={layer.blockd_socket}"]
+    in_blockd = ["-n", "warren-system", "exec", "daemonset/warren-blockd", "-c", "blockd", "--", BLOCKD]
 
     box = ok(sandbox(env, "create", *SMALL, busybox_image(), "--", "sleep", "86400")).strip()
     try:
@@ -89,9 +109,16 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
         proven = secrets.token_bytes(3 << 20)  # random: no chunk of it exists anywhere else
         ok(sandbox(env, "write-file", box, "/workspace/proven.bin", stdin=proven))
         ok(sandbox(env, "exec", box, "--", "sync"))
-        receipt = json.loads(
-            ok(run(env, blockd[0], *blockd[1:], "flush", workspace, "--wait-replicated", "120"))
+        flushed = kubectl(
+            state,
+            *in_blockd,
+            "--socket=/run/warren/blockd.sock",
+            "flush",
+            workspace,
+            "--wait-replicated",
+            "120",
         )
+        receipt = json.loads(flushed)
         assert receipt["level"] == "replicated", receipt
         before = json.loads(ok(sandbox(env, "workspace", box)))
         assert before["workspace_id"] == workspace
@@ -101,19 +128,16 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
 
         # -- the loss -------------------------------------------------------------------
         supervisor.stop("kubelet")
-        kill(supervisor, CSI)
-        kill(supervisor, BLOCKD)
+        kill_blockd()
         crictl = [str(Path(env["WARREN_BIN_DIR"]) / "crictl"), "--runtime-endpoint", node.endpoint]
         ok(
             subprocess.run(
                 [*crictl, "--timeout", "120s", "rmp", "--all", "--force"], capture_output=True, check=False
             )
         )
-        lose_everything_under([node.root, layer.blockd_state])
-        subprocess.run(["rm", "-rf", "--one-file-system", str(layer.blockd_state)], check=True)
-        assert not layer.blockd_state.exists()
-        csi_log = supervisor.log_path(CSI)
-        log_before = csi_log.stat().st_size
+        lose_everything_under([node.root])
+        subprocess.run(["rm", "-rf", "--one-file-system", str(blockd_state)], check=True)
+        assert not blockd_state.exists()
 
         # -- the node starts again, as the installer brings it up: site.yml -----------------
         recap = playbook(env)
@@ -121,12 +145,12 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
         wait_running(env, box)
 
         assert read(env, box, "/workspace/proven.bin") == proven
-        # The node had nothing: the workspace came from the object store.
-        with csi_log.open("rb") as log:
-            log.seek(log_before)
-            after_log = [json.loads(line) for line in log.read().splitlines() if line.startswith(b"{")]
-        restored = [e for e in after_log if e.get("event") == "restored" and e.get("workspace") == workspace]
-        assert restored, f"no restore of {workspace} in {csi_log} after the loss"
+        # The node had nothing: the workspace came from the object store (the new
+        # warren-blockd pod's CSI plugin says so).
+        logs = kubectl(state, "-n", "warren-system", "logs", "daemonset/warren-blockd", "-c", "csi")
+        events = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+        restored = [e for e in events if e.get("event") == "restored" and e.get("workspace") == workspace]
+        assert restored, f"no restore of {workspace} in the CSI plugin's log after the loss"
         after = json.loads(ok(sandbox(env, "workspace", box)))
         assert after["replicated_sequence"] >= before["replicated_sequence"]
         # Still a working workspace: it takes new writes and proves them again.

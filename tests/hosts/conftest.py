@@ -1,10 +1,12 @@
 """Fixtures of the multi-host tests: the extracted bundle, three hosts made of namespaces
-(lab.py) with a throw-away Kubernetes control plane on one of them, and the sample
-inventory pointed at them.
+(lab.py), the existing cluster they install onto (a throw-away Kubernetes control plane on
+the control host, whose one node is kwok's; run_control_plane.py), the node host's own
+containerd, and the sample inventory pointed at them.
 
-The inventory is inventories/sample's own group_vars with the lab's hosts; extra variables
-change only what a lab must: its addresses, Warren's supervisor instead of systemd (no
-init system here), and a smaller free-space floor.
+The inventory is inventories/sample's own group_vars and warren.yaml with the lab's hosts;
+extra variables (and the object store's endpoint in warren.yaml) change only what a lab must:
+its addresses, Warren's supervisor instead of systemd (no init system here), and a smaller
+free-space floor.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pytest
 import yaml
@@ -26,6 +30,8 @@ from warren.bundle.extract import extract
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE_ON_HOSTS = "/opt/warren/bundle"
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+SAMPLE_STORE = "http://10.0.20.5:19003"  # inventories/sample/warren.yaml's object store
 HOSTS = ("store", "control", "node")  # 10.77.0.2, .3, .4; node is also the KVM host
 RESULTS = REPO / "test-results"
 RECAP = re.compile(
@@ -50,40 +56,71 @@ def lab(extracted: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
     if os.geteuid() != 0:
         pytest.fail("the multi-host tests create namespaces and run sshd: run them as root")
     with Lab(tmp_path_factory.mktemp("lab") / "hosts", HOSTS, bind={extracted: BUNDLE_ON_HOSTS}) as made:
-        # An existing node has containerd's configuration (the gvisor role adds its runtime).
+        # An existing node has containerd running with its configuration (the gvisor role
+        # adds its runtime there; Warren's images are imported into it).
         made.hosts["node"].shell("printf 'version = 3\\n' > /etc/containerd/config.toml", check=True)
-        cluster = _start_cluster(made, extracted)
+        started = [_start_containerd(made, extracted)]
         try:
+            started.append(_start_cluster(made, extracted))
             yield made
         finally:
-            cluster.terminate()
-            try:
-                cluster.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                cluster.kill()
+            for process in reversed(started):
+                process.terminate()
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
 
 
-def _start_cluster(made: Lab, extracted: Path) -> subprocess.Popen[str]:
-    """The throw-away API server in the control host's namespaces (run_control_plane.py)."""
-    control = made.hosts["control"]
-    assert control.sshd is not None
-    process = subprocess.Popen(
-        [
-            "nsenter",
-            "-t",
-            str(control.sshd.pid),
-            "-n",
-            "-m",
-            "-u",
-            "--",
-            str(REPO / ".venv" / "bin" / "python"),
-            str(Path(__file__).with_name("run_control_plane.py")),
-            str(extracted / "bin" / "cluster"),
-        ],
-        stdout=subprocess.PIPE,
+def _in_host(made: Lab, name: str, argv: list[str], stdout: IO[str] | int) -> subprocess.Popen[str]:
+    """A process inside a lab host's namespaces, its output (stderr too) to `stdout`."""
+    host = made.hosts[name]
+    assert host.sshd is not None
+    return subprocess.Popen(
+        ["nsenter", "-t", str(host.sshd.pid), "-n", "-m", "-u", "--", *argv],
+        stdout=stdout,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+    )
+
+
+def _start_containerd(made: Lab, extracted: Path) -> subprocess.Popen[str]:
+    """The node's containerd (the bundle's build), on its usual socket, state in the node's
+    own /var/lib/containerd and /run/containerd. No kubelet uses it: kwok plays the node."""
+    node = made.hosts["node"]
+    log = (node.root / "containerd.log").open("w")
+    process = _in_host(
+        made,
+        "node",
+        [str(extracted / "bin" / "cluster" / "containerd"), "--config", "/etc/containerd/config.toml"],
+        log,
+    )
+    ctr = [f"{BUNDLE_ON_HOSTS}/bin/cluster/ctr", "--address", CONTAINERD_SOCKET, "version"]
+    deadline = time.monotonic() + 60
+    while node.run(ctr).returncode != 0:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(
+                f"the node's containerd did not start: {(node.root / 'containerd.log').read_text()[-3000:]}"
+            )
+        time.sleep(0.5)
+    return process
+
+
+def _start_cluster(made: Lab, extracted: Path) -> subprocess.Popen[str]:
+    """The throw-away control plane in the control host's namespaces (run_control_plane.py),
+    its kwok node named like the node host."""
+    process = _in_host(
+        made,
+        "control",
+        [
+            str(REPO / ".venv" / "bin" / "python"),
+            str(Path(__file__).with_name("run_control_plane.py")),
+            str(extracted / "bin" / "cluster"),
+            "node",
+        ],
+        subprocess.PIPE,
     )
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -114,6 +151,7 @@ class Site:
     lab: Lab
     inventory: Path
     overrides: Path
+    config: Path  # the sample's warren.yaml with the lab's addresses
 
     def run(self, *args: str, log: str | None = None) -> Run:
         done = self.lab.controller(
@@ -145,6 +183,11 @@ def site(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Site:
     inventory = tmp_path_factory.mktemp("inventory")
     shutil.copytree(REPO / "inventories" / "sample" / "group_vars", inventory / "group_vars")
     address = {name: host.address for name, host in lab.hosts.items()}
+    store = f"http://{address['store']}:19003"
+    settings = yaml.safe_load((REPO / "inventories" / "sample" / "warren.yaml").read_text())
+    assert settings["services"]["object_store_endpoint"] == SAMPLE_STORE, "the sample's store moved"
+    settings["services"]["object_store_endpoint"] = store
+    (inventory / "warren.yaml").write_text(yaml.safe_dump(settings))
     ssh_args = " ".join(lab.ssh_args())
     hosts = {
         "all": {
@@ -163,18 +206,18 @@ def site(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Site:
         }
     }
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    store = f"http://{address['store']}:19003"
     overrides = {
         "service_manager": "supervisor",
         "preflight_min_free_gib": 1,
         "object_store_listen_address": address["store"],
-        "blockd_s3_endpoint": store,
-        "control_plane_host": address["control"],
-        "control_plane_workspace_endpoint": store,
+        "postgres_listen_addresses": ["127.0.0.1", address["control"]],
+        "postgres_url_host": address["control"],
+        # The node's address: where pods' connections come from when the CNI masquerades them.
+        "postgres_allowed_cidrs": ["127.0.0.1/32", f"{address['node']}/32"],
         "egress_floor_node_addresses": [address["node"]],
         "egress_floor_api_addresses": [address["control"]],
         # No guest runs under KVM on this machine (nested): microVMs are emulated here.
         "forkd_accel": "tcg",
     }
     (inventory / "lab.yml").write_text(yaml.safe_dump(overrides))
-    return Site(lab, inventory / "hosts.yml", inventory / "lab.yml")
+    return Site(lab, inventory / "hosts.yml", inventory / "lab.yml", inventory / "warren.yaml")

@@ -34,6 +34,8 @@ PRIVATE_DIRS = (
     "/etc/warren",
     "/etc/kubernetes",
     "/etc/containerd",
+    "/var/lib/containerd",  # a node's own containerd (the lab starts one on the node host)
+    "/run/containerd",
     "/etc/systemd/system",
     "/etc/apt/sources.list.d",  # no apt source but the one the roles add: the bundle's
     "/etc/apt/apt.conf.d",

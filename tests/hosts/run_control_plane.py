@@ -1,8 +1,11 @@
-"""The existing cluster of the multi-host test: a throw-away etcd, kube-apiserver and
-controller manager (tests/pulumi_cluster/control_plane.py) started inside the control host's
-namespaces, its admin kubeconfig at /etc/kubernetes/admin.conf there, as on a kubeadm host.
+"""The existing cluster of the multi-host test: a throw-away control plane
+(tests/pulumi_cluster/control_plane.py: etcd, kube-apiserver, the controllers that deletion and
+rollouts need, a scheduler) started inside the control host's namespaces, its admin kubeconfig
+at /etc/kubernetes/admin.conf there, as on a kubeadm host. Its one node is kwok's, named like
+the lab's node host: Warren's workloads are scheduled there and roll out (their pods turn
+Ready, the install Job's pod succeeds), and nothing runs.
 
-    python run_control_plane.py BIN_DIR    # prints "ready" once up, serves until SIGTERM
+    python run_control_plane.py BIN_DIR NODE_NAME    # prints "ready" once up, serves until SIGTERM
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ ADMIN_KUBECONFIG = Path("/etc/kubernetes/admin.conf")
 
 
 def main() -> None:
-    with ControlPlane(Path(sys.argv[1])) as cluster:
+    with ControlPlane(Path(sys.argv[1]), workloads=True, node_name=sys.argv[2]) as cluster:
         ADMIN_KUBECONFIG.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cluster.admin_kubeconfig, ADMIN_KUBECONFIG)
         ADMIN_KUBECONFIG.chmod(0o600)

@@ -2,33 +2,61 @@
 with no network: the hosts and the controller have no route but to each other and no apt
 source but the bundle's, and pip installs with no index.
 
+The existing cluster is a throw-away control plane on the control host (run_control_plane.py)
+whose one node is kwok's, named like the node host: Warren's workloads are scheduled there
+and roll out (their pods turn Ready, the install Job's pod succeeds), but nothing runs in
+them, so no warren-first-key is made and no pod dials a store. That they run is the local
+cluster tier's proof (tests/cluster, tests/workloads: the same objects on a real kubelet).
+What this test proves is the sample path itself. The node host runs a real containerd (the
+bundle's), the one its kubelet would use.
+
 In order: a tampered bundle is refused on every host before any host changes; the first run
 installs everything (log: test-results/hosts-site-first-run.log); a second run and a
---check --diff run change nothing; then what the deployment must be across hosts: the object
-store's credentials made on its host and copied to the others, listeners on the hosts'
-addresses, the workspace daemon on the node storing into the store host's SeaweedFS, the
-control plane answering the node over the LAN with its records in PostgreSQL, and
-warren-forkd on the node booting, snapshotting and branching a microVM whose kernel comes from
-the bundle's copy of Debian's package.
+--check --diff run change nothing. Then: the cluster holds exactly the objects `warren
+render` makes of the sample configuration, pinned by the digests the bundle's manifest
+records; the node's containerd holds those images by name and by digest (and not the
+embedded stores'); the stores' Secrets hold the credentials generated on the store and
+database hosts, and no run's log shows them; the edge's URL is recorded on the control host;
+no Warren service but the stores runs on any host, and the credentials were copied nowhere;
+the host stores listen where pods reach them and refuse anyone without credentials; rotated
+database credentials update the Secret and restart its readers; warren-forkd on the node
+boots, snapshots and branches a microVM whose kernel comes from the bundle's copy of Debian's
+package.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
-from conftest import BUNDLE_ON_HOSTS, HOSTS, Site
+import yaml
+from conftest import BUNDLE_ON_HOSTS, CONTAINERD_SOCKET, HOSTS, REPO, RESULTS, Site
 from lab import Host, Lab
+
+from warren.bundle.workloads import for_bundle
+from warren.config import SYSTEM_NAMESPACE, load_config
+from warren.render import render
 
 pytestmark = pytest.mark.hosts
 
 STORE_CREDENTIALS = "/etc/warren/object-store/credentials.env"
-CONTROL_STATE = "/var/lib/warren/control-plane"
+DATABASE_URL = "/etc/warren/postgres/url"
+RECORD = "/etc/warren/control-plane"
+KUBECTL = f"{BUNDLE_ON_HOSTS}/bin/cluster/kubectl"
+CTR = f"{BUNDLE_ON_HOSTS}/bin/cluster/ctr"
+ADMIN = "/etc/kubernetes/admin.conf"
+PSQL = "/usr/lib/postgresql/15/bin/psql"
+# The warren-blockd environment of this checkout: a boto3 to sign S3 requests with (the hosts
+# have none: warren-blockd runs in its image, not on them).
+BOTO_PYTHON = REPO / "packages" / "warren-blockd" / ".venv" / "bin" / "python"
+HOST_SERVICES = ("warren-control", "warren-blockd")  # must not run on any host
 
 
 def _tampered(extracted: Path, dest: Path) -> Path:
@@ -40,6 +68,20 @@ def _tampered(extracted: Path, dest: Path) -> Path:
     pause.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     (dest / "wheels" / "extra.txt").write_text("not in the manifest\n")
     return dest
+
+
+def _processes(host: Host) -> list[list[str]]:
+    """The command line of every process in the host's network namespace."""
+    pids = subprocess.run(
+        ["ip", "netns", "pids", host.namespace], check=False, capture_output=True, text=True
+    ).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0"))
+        except OSError:
+            continue  # it exited meanwhile
+    return found
 
 
 def _changes(lab: Lab) -> dict[str, list[str]]:
@@ -62,6 +104,21 @@ def _changes(lab: Lab) -> dict[str, list[str]]:
     return found
 
 
+def _kubectl(lab: Lab, *args: str) -> Any:
+    """kubectl on the control host as the cluster's admin, its JSON output parsed."""
+    done = lab.hosts["control"].run([KUBECTL, "--kubeconfig", ADMIN, *args, "-o", "json"], check=True)
+    return json.loads(done.stdout)
+
+
+def _secret(lab: Lab, name: str) -> dict[str, str]:
+    data = _kubectl(lab, "-n", SYSTEM_NAMESPACE, "get", "secret", name)["data"]
+    return {key: base64.b64decode(value).decode() for key, value in data.items()}
+
+
+def _env(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
 def test_a_tampered_bundle_is_refused_before_any_host_changes(
     site: Site, extracted: Path, tmp_path: Path
 ) -> None:
@@ -82,7 +139,9 @@ def test_the_first_run_installs_everything_from_the_bundle(site: Site) -> None:
     for host, counts in recap.items():
         assert counts["failed"] == 0 and counts["unreachable"] == 0, (host, counts)
         assert counts["changed"] > 0, (host, counts)
-    assert f"API endpoint: http://{site.lab.hosts['control'].address}:8080" in run.output
+    edge = _kubectl(site.lab, "-n", SYSTEM_NAMESPACE, "get", "service", "warren-control")["spec"]["clusterIP"]
+    assert f"API endpoint: http://{edge}:8080" in run.output
+    assert "API key:      none recorded" in run.output  # kwok ran no install Job
 
 
 def test_a_second_run_changes_nothing(site: Site) -> None:
@@ -109,16 +168,135 @@ def test_no_host_has_a_route_out_or_a_source_but_the_bundle(lab: Lab) -> None:
     assert lab.controller(["ip", "route", "get", "1.1.1.1"]).returncode != 0
 
 
-def test_the_store_credentials_are_made_on_its_host_and_copied_private(lab: Lab) -> None:
-    made = lab.hosts["store"].run(["cat", STORE_CREDENTIALS], check=True).stdout
-    assert "AWS_ACCESS_KEY_ID=" in made and "AWS_SECRET_ACCESS_KEY=" in made
-    for name in ("control", "node"):
-        host = lab.hosts[name]
-        assert host.run(["cat", STORE_CREDENTIALS], check=True).stdout == made, name
-        assert host.run(["stat", "-c", "%a %U", STORE_CREDENTIALS], check=True).stdout.split() == [
-            "600",
-            "root",
+# -- the workloads ---------------------------------------------------------------------------
+
+
+def _differences(rendered: Any, live: Any, where: str = "") -> list[str]:
+    """Where `live` does not hold what `rendered` says (the server adds defaults; what was
+    sent must be there as sent)."""
+    if isinstance(rendered, dict):
+        if not isinstance(live, dict):
+            return [f"{where}: {live!r} is not a mapping"]
+        found = []
+        for key, value in rendered.items():
+            if key not in live:
+                if value not in ({}, [], None):  # the server omits an empty field
+                    found.append(f"{where}.{key}: missing")
+                continue
+            found += _differences(value, live[key], f"{where}.{key}")
+        return found
+    if isinstance(rendered, list):
+        if not isinstance(live, list) or len(live) != len(rendered):
+            return [f"{where}: {live!r} is not {rendered!r}"]
+        return [
+            d
+            for i, (r, v) in enumerate(zip(rendered, live, strict=True))
+            for d in _differences(r, v, f"{where}[{i}]")
         ]
+    # A quantity written as a number comes back as its string.
+    return (
+        [] if rendered == live or str(rendered) == str(live) else [f"{where}: {live!r} is not {rendered!r}"]
+    )
+
+
+def test_the_cluster_holds_what_warren_renders_for_the_sample_pinned_by_the_bundle(
+    site: Site, extracted: Path, tmp_path: Path
+) -> None:
+    pins = json.loads((extracted / "manifest.json").read_text())["pins"]["images"]
+    config = for_bundle(load_config(site.config), extracted)
+    tag = config.services.image_tag
+    assert config.services.image_digests == {
+        service: pins[f"warren.dev/{service}:{tag}"] for service in ("warren-control", "warren-blockd")
+    }
+    objects = render(config)
+    assert {o["kind"] for o in objects} >= {"Deployment", "DaemonSet", "Job", "ValidatingAdmissionPolicy"}
+    assert "Secret" not in {o["kind"] for o in objects}
+    wanted = tmp_path / "rendered.yaml"  # /tmp: the control host sees it too
+    wanted.write_text(yaml.safe_dump_all(objects))
+    wanted.chmod(0o644)
+    live = _kubectl(site.lab, "get", "-f", str(wanted))["items"]
+    assert len(live) == len(objects)
+    for rendered, found in zip(objects, live, strict=True):
+        label = f"{rendered['kind']} {rendered['metadata']['name']}"
+        assert _differences(rendered, found, label) == []
+    images = {
+        container["image"]
+        for found in live
+        if found["kind"] in ("Deployment", "DaemonSet", "Job")
+        for container in found["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {
+        f"warren.dev/{service}:{tag}@{digest}" for service, digest in config.services.image_digests.items()
+    }
+
+
+def test_the_nodes_containerd_holds_the_images_by_name_and_by_digest(lab: Lab, extracted: Path) -> None:
+    """Both names pinned for the CRI: the kubelet's image garbage collection must never
+    remove an image that no registry here could give back."""
+    pins = json.loads((extracted / "manifest.json").read_text())["pins"]["images"]
+    listed = lab.hosts["node"].run(
+        [CTR, "--address", CONTAINERD_SOCKET, "-n", "k8s.io", "images", "ls"], check=True
+    )
+    # REF TYPE DIGEST SIZE (two words) PLATFORMS LABELS
+    held = {
+        cols[0]: (cols[2], cols[-1].split(","))
+        for cols in (line.split() for line in listed.stdout.splitlines()[1:])
+        if len(cols) > 3
+    }
+    for service in ("warren-control", "warren-blockd"):
+        name = next(n for n in pins if n.startswith(f"warren.dev/{service}:"))
+        by_digest = f"{name.rsplit(':', 1)[0]}@{pins[name]}"
+        for ref in (name, by_digest):
+            assert ref in held, (ref, held)
+            digest, labels = held[ref]
+            assert digest == pins[name], ref
+            assert "io.cri-containerd.pinned=pinned" in labels, (ref, labels)
+    # The stores are the hosts' (stores: external): their images are not needed on the node.
+    assert not [n for n in held if "seaweedfs" in n or "postgres" in n], held
+
+
+def test_the_stores_secrets_hold_the_host_stores_credentials_and_no_log_shows_them(lab: Lab) -> None:
+    control, store = lab.hosts["control"], lab.hosts["store"]
+    url = control.run(["cat", DATABASE_URL], check=True).stdout.strip()
+    assert _secret(lab, "warren-database") == {"url": url}
+    assert urlsplit(url).hostname == control.address  # where pods reach it, not loopback
+    credentials = _env(store.run(["cat", STORE_CREDENTIALS], check=True).stdout)
+    assert _secret(lab, "warren-object-store") == {
+        key: credentials[key] for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    }
+    values = [urlsplit(url).password or "", credentials["AWS_SECRET_ACCESS_KEY"]]
+    logs = sorted(RESULTS.glob("hosts-site-*.log"))
+    assert len(logs) >= 3  # the first and second runs and check mode at least
+    for log in logs:
+        text = log.read_text()
+        assert not [value for value in values if value and value in text], log
+
+
+def test_the_edge_is_recorded_on_the_control_host(lab: Lab) -> None:
+    control = lab.hosts["control"]
+    edge = _kubectl(lab, "-n", SYSTEM_NAMESPACE, "get", "service", "warren-control")["spec"]["clusterIP"]
+    assert control.run(["cat", f"{RECORD}/url"], check=True).stdout == f"http://{edge}:8080\n"
+    assert control.run(["stat", "-c", "%a", RECORD], check=True).stdout.strip() == "700"
+    # No install Job ran (kwok's pods run nothing), so there is no first key to record.
+    assert control.run(["test", "-e", f"{RECORD}/api-key"]).returncode != 0
+
+
+def test_no_warren_service_but_the_stores_runs_on_any_host(lab: Lab) -> None:
+    for name, host in lab.hosts.items():
+        running = [
+            argv for argv in _processes(host) if any(Path(arg).name in HOST_SERVICES for arg in argv[:2])
+        ]
+        assert running == [], name
+        units = host.shell("ls /etc/systemd/system; ls /opt/warren").stdout.split()
+        assert not [u for u in units if u.startswith(HOST_SERVICES) or u in ("control", "blockd")], (
+            name,
+            units,
+        )
+    # The stores' credentials stay on their hosts: the cluster has them as Secrets.
+    for name in ("control", "node"):
+        assert lab.hosts[name].run(["test", "-e", STORE_CREDENTIALS]).returncode != 0, name
+    store = lab.hosts["store"]
+    assert store.run(["stat", "-c", "%a %U", STORE_CREDENTIALS], check=True).stdout.split() == ["600", "root"]
 
 
 def _listening(host_ss: str) -> set[str]:
@@ -126,59 +304,92 @@ def _listening(host_ss: str) -> set[str]:
     return {line.split()[3] for line in host_ss.splitlines() if line.strip()}
 
 
-def test_services_listen_on_their_hosts_addresses(lab: Lab) -> None:
-    store, control = lab.hosts["store"], lab.hosts["control"]
+def _psql(host: Host, url: str) -> subprocess.CompletedProcess[str]:
+    """`select 1` as the URL's user, with its password if it has one, never prompting."""
+    parts = urlsplit(url)
+    password = f"PGPASSWORD='{unquote(parts.password)}' " if parts.password else ""
+    return host.shell(
+        f"{password}PGCONNECT_TIMEOUT=10 {PSQL} -X -w -At -h {parts.hostname} -p {parts.port}"
+        f" -U {parts.username} -d {parts.path.strip('/')} -c 'select 1'"
+    )
+
+
+# From the node, with the Secret's keys (as warren-blockd's pods sign), a forged signature, none.
+STORE_PROBE = """
+import sys, boto3, botocore
+from botocore.config import Config
+endpoint, key, secret = sys.argv[1:4]
+def attempt(**creds):
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds)
+    try:
+        s3.put_object(Bucket="warren-workspaces", Key="probe/lab", Body=b"x")
+        s3.delete_object(Bucket="warren-workspaces", Key="probe/lab")
+        return "accepted"
+    except botocore.exceptions.ClientError as exc:
+        return exc.response["Error"]["Code"]
+print(attempt(aws_access_key_id=key, aws_secret_access_key=secret))
+print(attempt(aws_access_key_id=key, aws_secret_access_key=secret + "x"))
+print(attempt(config=Config(signature_version=botocore.UNSIGNED)))
+"""
+
+
+def test_the_host_stores_listen_where_pods_reach_them_and_refuse_strangers(lab: Lab) -> None:
+    store, control, node = lab.hosts["store"], lab.hosts["control"], lab.hosts["node"]
     for host in lab.hosts.values():
         local = _listening(host.run(["ss", "-Hltn"], check=True).stdout)
         wildcard = {a for a in local if a.startswith(("0.0.0.0:", "*:", "[::]:"))}
         assert not wildcard, (host.name, sorted(local))
     assert f"{store.address}:19003" in _listening(store.run(["ss", "-Hltn"], check=True).stdout)
-    local = _listening(control.run(["ss", "-Hltn"], check=True).stdout)
-    assert f"{control.address}:8080" in local
-    assert "127.0.0.1:5432" in local  # PostgreSQL, for the control plane on the same host only
-    assert f"{control.address}:5432" not in local
-
-
-def test_the_node_daemon_reaches_the_store_host_with_the_copied_credentials(lab: Lab) -> None:
-    node, store = lab.hosts["node"], lab.hosts["store"]
-    stats = node.run(["/opt/warren/blockd/bin/warren-blockd", "--socket=/run/warren/blockd.sock", "stats"])
-    assert stats.returncode == 0, stats.stderr
-    # With the node's copy of the credentials and its environment's boto3, over the LAN.
-    listed = node.shell(
-        f"set -a; . {STORE_CREDENTIALS}; /opt/warren/blockd/bin/python -c '"
-        'import boto3, sys; s3 = boto3.client("s3", endpoint_url=sys.argv[1], region_name="us-east-1");'
-        ' print(s3.head_bucket(Bucket="warren-workspaces")["ResponseMetadata"]["HTTPStatusCode"])\''
-        f" http://{store.address}:19003"
+    assert {"127.0.0.1:5432", f"{control.address}:5432"} <= _listening(
+        control.run(["ss", "-Hltn"], check=True).stdout
     )
-    assert listed.returncode == 0 and listed.stdout.strip() == "200", (listed.stdout, listed.stderr)
 
+    url = _secret(lab, "warren-database")["url"]
+    answered = _psql(node, url)  # from the node's address, as a masqueraded pod's connection
+    assert answered.returncode == 0 and answered.stdout.strip() == "1", answered.stderr
+    parts = urlsplit(url)
+    no_password = url.replace(f":{parts.password}@", "@")
+    assert "no password supplied" in _psql(node, no_password).stderr
+    wrong = url.replace(f":{parts.password}@", ":not-the-password@")
+    assert "password authentication failed" in _psql(node, wrong).stderr
+    assert "no pg_hba.conf entry" in _psql(store, url).stderr  # an address not allowed
 
-def test_the_control_plane_answers_the_node_with_records_in_postgresql(lab: Lab) -> None:
-    control, node = lab.hosts["control"], lab.hosts["node"]
-    key = control.run(["cat", f"{CONTROL_STATE}/api-key"], check=True).stdout.strip()
-    url = f"http://{control.address}:8080/v1/sandboxes"
-    answered = node.run(["curl", "-fsS", "-H", f"Authorization: Bearer {key}", url])
-    assert answered.returncode == 0 and '"items"' in answered.stdout, answered.stderr
-    refused = node.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", url])
-    assert refused.stdout == "401"
-    env_file = control.run(["cat", f"{CONTROL_STATE}/control.env"], check=True).stdout
-    assert "WARREN_DATABASE_URL=postgresql+psycopg://" in env_file and "@127.0.0.1:5432/" in env_file
-    keys = control.run(
+    keys = _secret(lab, "warren-object-store")
+    probe = node.run(
         [
-            "runuser",
-            "-u",
-            "postgres",
-            "--",
-            "psql",
-            "-h",
-            "/var/lib/warren/postgres-socket",
-            "-d",
-            "warren",
-            "-Atc",
-            "select count(*) from api_keys",
+            BOTO_PYTHON,
+            "-c",
+            STORE_PROBE,
+            f"http://{store.address}:19003",
+            keys["AWS_ACCESS_KEY_ID"],
+            keys["AWS_SECRET_ACCESS_KEY"],
         ]
     )
-    assert keys.returncode == 0 and int(keys.stdout) >= 1, keys.stderr
+    assert probe.stdout.split() == ["accepted", "SignatureDoesNotMatch", "AccessDenied"], probe.stderr
+
+
+def test_rotated_database_credentials_update_the_secret_and_restart_its_readers(site: Site) -> None:
+    lab = site.lab
+    control = lab.hosts["control"]
+    before = control.run(["cat", DATABASE_URL], check=True).stdout.strip()
+    # The postgres role's way to rotate: delete the password file and run again.
+    control.run(["rm", "/etc/warren/postgres/password"], check=True)
+    run = site.run(log="hosts-site-rotated.log")
+    assert run.returncode == 0, run.output[-6000:]
+    after = control.run(["cat", DATABASE_URL], check=True).stdout.strip()
+    assert after != before
+    assert _secret(lab, "warren-database") == {"url": after}
+    assert urlsplit(before).password not in run.output and urlsplit(after).password not in run.output
+    for kind, name in (("deployment", "warren-control"), ("daemonset", "warren-blockd")):
+        template = _kubectl(lab, "-n", SYSTEM_NAMESPACE, "get", kind, name)["spec"]["template"]
+        assert "kubectl.kubernetes.io/restartedAt" in template["metadata"].get("annotations", {}), name
+    # Only the database's host and the control host changed; the next run changes nothing.
+    assert run.recap()["node"]["changed"] == 0 and run.recap()["store"]["changed"] == 0
+    again = site.run(log="hosts-site-after-rotation.log")
+    assert {host: counts["changed"] for host, counts in again.recap().items()} == dict.fromkeys(HOSTS, 0)
+
+
+# -- warren-forkd ----------------------------------------------------------------------------
 
 
 def _forkd(host: Host, method: str, path: str, body: dict[str, object] | None = None) -> dict[str, Any]:

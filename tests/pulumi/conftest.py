@@ -8,12 +8,13 @@ Outputs a component reads back (ARNs, the cluster's endpoint) get plausible fake
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pulumi.runtime import rpc
 
 import pulumi
 
@@ -25,6 +26,22 @@ for directory in (REPO / "policy", REPO / "infra"):
 SSM_GET_PARAMETER = "aws:ssm/getParameter:getParameter"
 SHA_RUNSC = "a" * 64
 SHA_SHIM = "b" * 64
+
+
+def is_secret(value: Any) -> bool:
+    """Whether a recorded input was sent as a secret (the engine's wrapper, kept by the mocks)."""
+    return isinstance(value, dict) and value.get(rpc._special_sig_key) == rpc._special_secret_sig
+
+
+def revealed(value: Any) -> Any:
+    """A recorded input with every secret wrapper taken off."""
+    if is_secret(value):
+        return revealed(value["value"])
+    if isinstance(value, dict):
+        return {k: revealed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [revealed(v) for v in value]
+    return value
 
 
 def _short(typ: str) -> str:
@@ -120,3 +137,13 @@ def run_program(program: Program, stack: str = "test") -> Recorder:
 @pytest.fixture
 def run() -> Callable[..., Recorder]:
     return run_program
+
+
+@pytest.fixture
+def stack_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For tests that run the program with a stack's settings (stacks.py): no real cluster's
+    kubeconfig, no configuration from the environment, and none left behind."""
+    monkeypatch.setenv("WARREN_HOME", str(tmp_path / "warren-home"))
+    monkeypatch.delenv("PULUMI_CONFIG", raising=False)
+    yield
+    pulumi.runtime.set_all_config({})

@@ -118,9 +118,14 @@ def test_nodes_carry_the_cluster_group_and_their_own(recorder: Recorder) -> None
 
 
 def test_vpc_cni_enforces_network_policy(recorder: Recorder) -> None:
-    addon = recorder.one("aws:eks/addon:Addon").inputs
-    assert addon["addonName"] == "vpc-cni"
-    assert '"enableNetworkPolicy": "true"' in addon["configurationValues"]
+    addons = {r.inputs["addonName"]: r.inputs for r in recorder.of_type("aws:eks/addon:Addon")}
+    assert '"enableNetworkPolicy": "true"' in addons["vpc-cni"]["configurationValues"]
+
+
+def test_pods_can_get_an_identity_through_the_pod_identity_agent(recorder: Recorder) -> None:
+    addons = {r.inputs["addonName"]: r.inputs for r in recorder.of_type("aws:eks/addon:Addon")}
+    assert set(addons) == {"vpc-cni", "eks-pod-identity-agent"}
+    assert addons["eks-pod-identity-agent"]["clusterName"] == "warren-test"
 
 
 def test_kubeconfig_authenticates_through_aws_cli(run: Callable[..., Recorder]) -> None:

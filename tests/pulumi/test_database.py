@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import Recorder
+from conftest import Recorder, is_secret, revealed
 from warren_components import Database, DatabaseArgs
+
+import pulumi
 
 INSTANCE = "aws:rds/instance:Instance"
 PRIVATE = ["subnet-private-a", "subnet-private-b"]
@@ -65,13 +68,53 @@ def test_only_the_nodes_reach_postgres(prod: Recorder) -> None:
     assert prod.one(INSTANCE).inputs["vpcSecurityGroupIds"] == [group.resource_id]
 
 
-def test_password_is_managed_by_rds_and_tls_required(prod: Recorder) -> None:
-    instance = prod.one(INSTANCE).inputs
-    assert instance["manageMasterUserPassword"] is True
-    assert "password" not in instance
+def test_tls_is_required(prod: Recorder) -> None:
     parameters = prod.one("aws:rds/parameterGroup:ParameterGroup").inputs
     assert parameters["family"] == "postgres17"
     assert {(p["name"], p["value"]) for p in parameters["parameters"]} == {("rds.force_ssl", "1")}
+
+
+def test_the_password_is_made_once_and_kept_in_a_secret_of_its_own(
+    run: Callable[..., Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from warren_components import database
+
+    monkeypatch.setattr(database, "new_password", lambda: "made-once")
+    seen: dict[str, Any] = {}
+
+    def program() -> pulumi.Output[None]:
+        db = Database("db", args())
+        return pulumi.Output.all(
+            db.connection_url.is_secret(), db.connection_url, db.master_user_secret_arn
+        ).apply(lambda v: seen.update(secret=v[0], url=v[1], arn=v[2]))
+
+    recorder = run(program, stack="aws-prod")
+    instance = recorder.one(INSTANCE).inputs
+    # RDS's own managed password rotates weekly, under a control plane that read it once.
+    assert "manageMasterUserPassword" not in instance
+    assert is_secret(instance["password"]) and revealed(instance["password"]) == "made-once"
+    version = recorder.one("aws:secretsmanager/secretVersion:SecretVersion")
+    assert is_secret(version.inputs["secretString"])
+    assert json.loads(revealed(version.inputs["secretString"])) == {
+        "username": "warren",
+        "password": "made-once",
+    }
+    secret = recorder.one("aws:secretsmanager/secret:Secret")
+    assert version.inputs["secretId"] == secret.resource_id
+    assert seen["arn"] == secret.arn
+    assert seen["secret"] is True
+    assert (
+        seen["url"]
+        == "postgresql+psycopg://warren:made-once@db-db.mock.rds.example:5432/warren?sslmode=require"
+    )
+
+
+def test_the_connection_url_quotes_what_a_url_cannot_hold() -> None:
+    from warren_components.database import connection_url
+
+    assert connection_url("u", "p@ss/w:rd", "h", 5432, "db") == (
+        "postgresql+psycopg://u:p%40ss%2Fw%3Ard@h:5432/db?sslmode=require"
+    )
 
 
 def test_dev_can_turn_deletion_protection_off(run: Callable[..., Recorder]) -> None:

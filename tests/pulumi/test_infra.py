@@ -3,66 +3,22 @@ stack key is declared in Pulumi.yaml with the type its value has."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from conftest import REPO, SHA_RUNSC, SHA_SHIM, Recorder, run_program
+from stack_runs import AWS, DECLARED, STACKS, deploy, stack_file
 
-import pulumi
+pytestmark = pytest.mark.usefixtures("stack_config")
 
-PROJECT: dict[str, Any] = yaml.safe_load((REPO / "infra" / "Pulumi.yaml").read_text())
-DECLARED: dict[str, dict[str, Any]] = PROJECT["config"]
-STACKS = ("local", "aws-dev", "aws-prod")
-GVISOR = {
-    "warren:gvisorBaseUrl": "https://mirror.example/gvisor/x86_64",
-    "warren:gvisorRunscSha256": SHA_RUNSC,
-    "warren:gvisorShimSha256": SHA_SHIM,
-}
 COMPONENTS = (
     "warren:aws_sandbox_cluster:AwsSandboxCluster",
     "warren:object_store:ObjectStore",
     "warren:database:Database",
     "warren:kvm_host_pool:KvmHostPool",
+    "warren:object_store_access:ObjectStoreAccess",
     "warren:platform:WarrenPlatform",
+    "warren:edge:WarrenEdge",
 )
-
-
-def stack_file(stack: str) -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load((REPO / "stacks" / f"Pulumi.{stack}.yaml").read_text())
-    return dict(data["config"])
-
-
-def _engine_value(value: Any) -> str:
-    """How the engine hands a config value to the program: strings as they are, the rest as JSON."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def effective_config(stack: str, overrides: dict[str, Any] | None = None) -> dict[str, str]:
-    """Pulumi.yaml's defaults under the stack file's values, as the engine merges them."""
-    merged = {f"warren:{key}": spec["default"] for key, spec in DECLARED.items() if "default" in spec}
-    merged.update(stack_file(stack))
-    merged.update(overrides or {})
-    return {key: _engine_value(value) for key, value in merged.items()}
-
-
-@pytest.fixture(autouse=True)
-def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("WARREN_HOME", str(tmp_path / "warren-home"))  # no real cluster's kubeconfig
-    monkeypatch.delenv("PULUMI_CONFIG", raising=False)
-    yield
-    pulumi.runtime.set_all_config({})
-
-
-def deploy(stack: str, overrides: dict[str, Any] | None = None) -> Recorder:
-    import environments
-    import stack_settings
-
-    pulumi.runtime.set_all_config(effective_config(stack, overrides))
-    return run_program(lambda: environments.deploy(stack_settings.load()), stack=stack)
 
 
 TYPES = {"string": str, "boolean": bool, "integer": int, "array": list}
@@ -87,11 +43,76 @@ def test_required_keys_have_no_default() -> None:
 def test_local_deploys_only_the_platform(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
-    recorder = deploy("local", {"warren:kubeconfig": str(kubeconfig)})
+    recorder = deploy("local", {"warren:kubeconfig": str(kubeconfig), "warren:localNode": False})
     assert recorder.one("warren:platform:WarrenPlatform")
     assert not [r for r in recorder.resources if r.typ.startswith(("aws:", "pulumi:providers:aws"))]
     provider = recorder.one("pulumi:providers:kubernetes")
     assert provider.inputs["kubeconfig"] == str(kubeconfig)
+    # Another cluster gets the configuration as it is: Warren's services as workloads included.
+    kinds = {
+        (r.inputs["kind"], r.inputs["metadata"]["name"]) for r in recorder.resources if "kind" in r.inputs
+    }
+    assert {("Deployment", "warren-control"), ("DaemonSet", "warren-blockd")} <= kinds
+
+
+def _local_node(home: Path) -> Path:
+    """A local cluster's state as `make deploy` leaves it: its kubeconfig and its node's socket."""
+    state = home / "cluster"
+    (state / "node" / "containerd").mkdir(parents=True)
+    (state / "node" / "containerd" / "containerd.sock").touch()
+    (state / "admin.kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
+    return state
+
+
+def test_local_on_the_local_node_renders_what_warren_apply_local_node_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from warren.config import SERVICE_IMAGES
+    from warren.node import images
+
+    state = _local_node(tmp_path / "warren-home")
+    held = {f"warren.dev/{name}:0.1.0": "sha256:" + f"{i:02x}" * 32 for i, name in enumerate(SERVICE_IMAGES)}
+    monkeypatch.setenv("WARREN_BIN_DIR", str(tmp_path / "bin"))
+    monkeypatch.setattr(
+        images, "imported", lambda bin_dir, _node: held if bin_dir == tmp_path / "bin" else {}
+    )
+    recorder = deploy("local")
+    (blockd,) = [r.inputs for r in recorder.resources if r.inputs.get("kind") == "DaemonSet"]
+    spec = blockd["spec"]["template"]["spec"]
+    assert {
+        "name": "kubelet",
+        "hostPath": {"path": str(state / "node" / "kubelet"), "type": "Directory"},
+    } in spec["volumes"]
+    for container in spec["containers"]:
+        assert container["imagePullPolicy"] == "Never"
+        assert (
+            container["image"] == f"warren.dev/warren-blockd:0.1.0@{held['warren.dev/warren-blockd:0.1.0']}"
+        )
+
+
+def test_local_node_without_its_images_names_the_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stack_settings
+
+    from warren.node import images
+
+    _local_node(tmp_path / "warren-home")
+    monkeypatch.setenv("WARREN_BIN_DIR", str(tmp_path / "bin"))
+    monkeypatch.setattr(images, "imported", lambda _bin, _node: {})
+    with pytest.raises(stack_settings.SettingsError, match=r"warren:localNode: .*warren image build"):
+        deploy("local")
+
+
+def test_local_node_that_does_not_run_names_the_key(tmp_path: Path) -> None:
+    import stack_settings
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    with pytest.raises(
+        stack_settings.SettingsError, match=r"warren:localNode is true, but no local node runs"
+    ):
+        deploy("local", {"warren:kubeconfig": str(kubeconfig)})
 
 
 def test_local_without_a_cluster_names_the_key(tmp_path: Path) -> None:
@@ -111,7 +132,7 @@ def test_aws_stacks_refuse_to_run_without_pinned_gvisor(stack: str) -> None:
 
 @pytest.mark.parametrize("stack", ["aws-dev", "aws-prod"])
 def test_aws_stacks_compose_every_component(stack: str) -> None:
-    recorder = deploy(stack, GVISOR)
+    recorder = deploy(stack, AWS[stack])
     for component in COMPONENTS:
         assert len(recorder.of_type(component)) == 1, component
     aws_provider = recorder.one("pulumi:providers:aws")
@@ -130,8 +151,8 @@ def test_aws_stacks_compose_every_component(stack: str) -> None:
 
 
 def test_prod_is_private_and_protected_dev_is_not() -> None:
-    prod = deploy("aws-prod", GVISOR)
-    dev = deploy("aws-dev", GVISOR)
+    prod = deploy("aws-prod", AWS["aws-prod"])
+    dev = deploy("aws-dev", AWS["aws-dev"])
     for recorder, protected in ((prod, True), (dev, False)):
         assert recorder.one("aws:rds/instance:Instance").inputs["deletionProtection"] is protected
     assert prod.one("aws:eks/cluster:Cluster").inputs["vpcConfig"]["endpointPublicAccess"] is False

@@ -71,3 +71,14 @@ def test_default_security_group_is_emptied(run: Callable[..., Recorder]) -> None
     )
     default = recorder.one("aws:ec2/defaultSecurityGroup:DefaultSecurityGroup")
     assert not default.inputs.get("ingress") and not default.inputs.get("egress")
+
+
+def test_subnets_are_tagged_for_the_clusters_load_balancers(run: Callable[..., Recorder]) -> None:
+    recorder = run(
+        lambda: Network("n", NetworkArgs(cidr="10.40.0.0/16", availability_zones=ZONES, cluster_name="c"))
+    )
+    for subnet in recorder.of_type("aws:ec2/subnet:Subnet"):
+        tags = subnet.inputs["tags"]
+        assert tags["kubernetes.io/cluster/c"] == "shared", subnet.name
+        role = "kubernetes.io/role/elb" if "-public-" in subnet.name else "kubernetes.io/role/internal-elb"
+        assert tags[role] == "1", subnet.name

@@ -6,12 +6,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pulumi_kubernetes as k8s
 import pytest
-from conftest import REPO, Recorder
+from conftest import REPO, Recorder, is_secret, revealed
 from warren_components import WarrenPlatform, WarrenPlatformArgs
 from warren_components.kubernetes_objects import KINDS, UnsupportedKindError
+from warren_components.platform import render_at_deploy
 
-from warren.config import load_config, parse_config
+import pulumi
+from warren.config import ConfigError, load_config, parse_config
 from warren.render import render
 
 SAMPLE_CONFIG = REPO / "tests" / "cluster" / "warren-test.yaml"
@@ -107,7 +110,7 @@ def test_rendered_objects_can_be_passed_instead_of_a_config(run: Callable[..., R
 
 def test_config_and_objects_together_are_refused() -> None:
     args = WarrenPlatformArgs(kubeconfig="kc", config_path=Path("x.yaml"), objects=[])
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match=r"give one of config_path, config and objects"):
         WarrenPlatform("p", args)
 
 
@@ -123,8 +126,130 @@ def test_a_kind_without_a_class_is_refused_by_name(run: Callable[..., Recorder])
         {},
         {"isolation": {"extra_namespaces": ["team-a", "team-b"], "pod_security_level": "restricted"}},
         {"isolation": {"runtime_class": "sandboxed", "runtime_handler": "gvisor-kvm"}},
+        {"services": {"enabled": True}},
     ],
 )
 def test_every_kind_warren_renders_has_a_class(config: dict[str, Any]) -> None:
     for obj in render(parse_config(config)):
         assert (obj["apiVersion"], obj["kind"]) in KINDS, (obj["apiVersion"], obj["kind"])
+
+
+# -- what a stack gives besides a configuration -------------------------------------------------
+
+SERVICES = parse_config(
+    {"services": {"enabled": True, "stores": "external", "object_store_endpoint": "https://s3.example.com"}}
+)
+
+
+def _workload(recorder: Recorder, kind: str, name: str) -> dict[str, Any]:
+    (found,) = [o for o in _objects(recorder) if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
+def test_a_configuration_object_renders_as_its_file_does(run: Callable[..., Recorder]) -> None:
+    from_file = run(
+        lambda: WarrenPlatform("warren", WarrenPlatformArgs(kubeconfig="kc", config_path=SAMPLE_CONFIG))
+    )
+    config = load_config(SAMPLE_CONFIG)
+    from_object = run(lambda: WarrenPlatform("warren", WarrenPlatformArgs(kubeconfig="kc", config=config)))
+    assert _objects(from_object) == _objects(from_file)
+
+
+def test_deploy_time_values_are_rendered_into_the_same_objects(run: Callable[..., Recorder]) -> None:
+    bucket = "warren-aws-dev-workspaces-0a1b2c3"
+
+    def program() -> None:
+        WarrenPlatform(
+            "warren",
+            WarrenPlatformArgs(
+                kubeconfig="kc",
+                config=SERVICES,
+                deploy_time={"services.bucket": pulumi.Output.from_input(bucket)},
+            ),
+        )
+
+    recorder = run(program)
+    expected = render(
+        SERVICES.model_copy(update={"services": SERVICES.services.model_copy(update={"bucket": bucket})})
+    )
+    assert _objects(recorder) == expected
+    (control,) = _workload(recorder, "Deployment", "warren-control")["spec"]["template"]["spec"]["containers"]
+    assert f"--workspace-store=s3://{bucket}" in control["args"]
+    blockd = _workload(recorder, "DaemonSet", "warren-blockd")["spec"]["template"]["spec"]["containers"][0]
+    assert f"--store=s3://{bucket}" in blockd["args"]
+
+
+def test_a_deploy_time_key_must_exist() -> None:
+    args = WarrenPlatformArgs(kubeconfig="kc", config=SERVICES, deploy_time={"services.buckets": "b"})
+    with pytest.raises(ValueError, match=r"deploy_time: services\.buckets is not a key"):
+        WarrenPlatform("warren", args)
+
+
+def test_a_deploy_time_value_that_changes_which_objects_render_is_refused() -> None:
+    expected = render(SERVICES)
+    # Another bucket renders the same objects; turning the services off would not.
+    assert render_at_deploy(SERVICES, {"services.bucket": "another-bucket"}, expected)
+    with pytest.raises(ValueError, match=r"services\.enabled changed which objects warren renders"):
+        render_at_deploy(SERVICES, {"services.enabled": False}, expected)
+    with pytest.raises(ConfigError, match=r"services\.bucket"):
+        render_at_deploy(SERVICES, {"services.bucket": "Not A Bucket"}, expected)
+
+
+def test_secrets_are_made_in_warren_system_before_any_workload(run: Callable[..., Recorder]) -> None:
+    url = "postgresql+psycopg://warren:pw@db.example:5432/warren?sslmode=require"
+    recorder = run(
+        lambda: WarrenPlatform(
+            "warren",
+            WarrenPlatformArgs(kubeconfig="kc", config=SERVICES, secrets={"warren-database": {"url": url}}),
+        )
+    )
+    kinds = [
+        (r.typ, r.inputs.get("metadata", {}).get("name"))
+        for r in recorder.resources
+        if r.typ.startswith("kubernetes:")
+    ]
+    secret_at = kinds.index(("kubernetes:core/v1:Secret", "warren-database"))
+    assert kinds.index(("kubernetes:core/v1:Namespace", "warren-system")) < secret_at
+    first_workload = min(
+        i for i, (typ, _) in enumerate(kinds) if typ.split(":")[-1] in {"Job", "Deployment", "DaemonSet"}
+    )
+    assert secret_at < first_workload
+    secret = recorder.one("kubernetes:core/v1:Secret").inputs
+    assert secret["metadata"] == {
+        "name": "warren-database",
+        "namespace": "warren-system",
+        "labels": {"app.kubernetes.io/part-of": "warren"},
+    }
+    data = secret["stringData"]
+    assert is_secret(data) or all(is_secret(value) for value in data.values()), data
+    assert revealed(data) == {"url": url}
+    # The rendered objects are exactly warren's: the Secret is the only addition.
+    assert [o for o in _objects(recorder) if o["kind"] != "Secret"] == render(SERVICES)
+
+
+def test_secrets_need_warren_system() -> None:
+    objects = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "only-this"}}]
+    args = WarrenPlatformArgs(kubeconfig="kc", objects=objects, secrets={"s": {"k": "v"}})
+    with pytest.raises(ValueError, match="secrets go to warren-system"):
+        WarrenPlatform("p", args)
+
+
+def test_every_object_waits_for_what_the_stack_names(
+    run: Callable[..., Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waited: list[Any] = []
+    real = k8s.Provider
+
+    def provider(name: str, opts: pulumi.ResourceOptions | None = None, **kwargs: Any) -> Any:
+        waited.extend(opts.depends_on if opts and isinstance(opts.depends_on, list) else [])
+        return real(name, opts=opts, **kwargs)
+
+    monkeypatch.setattr(k8s, "Provider", provider)
+
+    def program() -> None:
+        nodes = pulumi.ComponentResource("test:index:Nodes", "nodes")
+        WarrenPlatform("warren", WarrenPlatformArgs(kubeconfig="kc", depends_on=[nodes]))
+        assert waited == [nodes]
+
+    run(program)
+    assert waited

@@ -536,6 +536,7 @@ K8S_RULES = (
     "k8s-no-privileged-containers",
     "k8s-no-host-namespaces",
     "k8s-no-host-path",
+    "k8s-load-balancer-restricted",
 )
 SANDBOX_LABELS = {
     "warren.dev/sandbox": "true",
@@ -554,8 +555,30 @@ POD_SPEC: dict[str, Any] = {
     [
         {},
         {"isolation": {"pod_security_level": "restricted", "extra_namespaces": ["warren-sandboxes-b"]}},
+        {"services": {"enabled": True}},
+        {
+            "services": {
+                "enabled": True,
+                "stores": "external",
+                "object_store_endpoint": "https://s3.example.com",
+            }
+        },
+        {
+            "services": {
+                "enabled": True,
+                "stores": "external",
+                "object_store_endpoint": "https://s3.eu-west-1.amazonaws.com",
+                "object_store_credentials": "ambient",
+            }
+        },
     ],
-    ids=["defaults", "restricted-two-namespaces"],
+    ids=[
+        "defaults",
+        "restricted-two-namespaces",
+        "workloads",
+        "workloads-external-stores",
+        "workloads-ambient",
+    ],
 )
 def test_the_platform_passes_every_kubernetes_policy(config: dict[str, Any]) -> None:
     objects = render(parse_config(config))
@@ -678,3 +701,93 @@ def test_workload_rules_ignore_other_kinds() -> None:
     host = {"spec": {"hostNetwork": True, "volumes": [{"name": "v", "hostPath": {"path": "/"}}]}}
     assert violations("k8s-no-host-namespaces", "kubernetes:core/v1:Service", host) == []
     assert violations("k8s-no-host-path", "kubernetes:core/v1:ConfigMap", host) == []
+
+
+def _system_workload(typ: str, name: str, namespace: str, change: dict[str, Any]) -> dict[str, Any]:
+    workload = _workload(typ, {**POD_SPEC, **change})
+    workload["metadata"] = {"name": name, "namespace": namespace}
+    return workload
+
+
+PRIVILEGED = {"containers": [{"name": "blockd", "securityContext": {"privileged": True}}]}
+HOST_PATH = {"volumes": [{"name": "state", "hostPath": {"path": "/var/lib/warren"}}]}
+DAEMONSET = "kubernetes:apps/v1:DaemonSet"
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+STATEFULSET = "kubernetes:apps/v1:StatefulSet"
+
+
+def test_only_warren_blockd_in_warren_system_may_be_privileged() -> None:
+    rule = "k8s-no-privileged-containers"
+    assert (
+        violations(rule, DAEMONSET, _system_workload(DAEMONSET, "warren-blockd", "warren-system", PRIVILEGED))
+        == []
+    )
+    refused = "container 'blockd' must not be privileged (securityContext.privileged)"
+    for typ, name, namespace in (
+        (DAEMONSET, "warren-blockd", "default"),  # the name alone is not enough
+        (DEPLOYMENT, "warren-blockd", "warren-system"),  # nor another kind of that name
+        (DEPLOYMENT, "warren-control", "warren-system"),
+        (STATEFULSET, "warren-postgres", "warren-system"),  # a store may mount, not be privileged
+    ):
+        assert violations(rule, typ, _system_workload(typ, name, namespace, PRIVILEGED)) == [refused], name
+
+
+def test_only_blockd_and_the_embedded_stores_may_mount_host_paths() -> None:
+    rule = "k8s-no-host-path"
+    for typ, name in (
+        (DAEMONSET, "warren-blockd"),
+        (STATEFULSET, "warren-objects"),
+        (STATEFULSET, "warren-postgres"),
+    ):
+        assert violations(rule, typ, _system_workload(typ, name, "warren-system", HOST_PATH)) == [], name
+    refused = ["volume 'state' must not mount a host path"]
+    assert (
+        violations(
+            rule, DEPLOYMENT, _system_workload(DEPLOYMENT, "warren-control", "warren-system", HOST_PATH)
+        )
+        == refused
+    )
+    assert (
+        violations(rule, STATEFULSET, _system_workload(STATEFULSET, "warren-objects", "tenant", HOST_PATH))
+        == refused
+    )
+
+
+SERVICE = "kubernetes:core/v1:Service"
+
+
+def _load_balancer(ranges: list[str] | None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"type": "LoadBalancer", "selector": {"app": "a"}, "ports": [{"port": 443}]}
+    if ranges is not None:
+        spec["loadBalancerSourceRanges"] = ranges
+    return {"metadata": {"name": "edge", "annotations": annotations or {}}, "spec": spec}
+
+
+def test_load_balancer_success() -> None:
+    rule = "k8s-load-balancer-restricted"
+    assert violations(rule, SERVICE, _load_balancer(["192.0.2.0/24", "2001:db8::/32"])) == []
+    # Services that are not load balancers are not this rule's business.
+    assert violations(rule, SERVICE, {"metadata": {"name": "s"}, "spec": {"selector": {"app": "a"}}}) == []
+    assert violations(rule, SERVICE, {"metadata": {"name": "s"}, "spec": {"type": "NodePort"}}) == []
+
+
+@pytest.mark.parametrize(
+    ("service", "message"),
+    [
+        (_load_balancer(None), "a LoadBalancer Service must name the ranges it admits"),
+        (_load_balancer([]), "a LoadBalancer Service must name the ranges it admits"),
+        (_load_balancer(["0.0.0.0/0"]), "load balancer source range 0.0.0.0/0 admits the whole internet"),
+        (_load_balancer(["10.0.0.0/8", "::/0"]), "load balancer source range ::/0 admits the whole internet"),
+        (
+            _load_balancer(
+                ["10.0.0.0/8"],
+                {"service.beta.kubernetes.io/load-balancer-source-ranges": "10.1.0.0/16, 0.0.0.0/0"},
+            ),
+            "load balancer source range 0.0.0.0/0 admits the whole internet",
+        ),
+    ],
+    ids=["no-ranges", "empty-ranges", "ipv4-everywhere", "ipv6-everywhere", "annotation-everywhere"],
+)
+def test_load_balancer_violation(service: dict[str, Any], message: str) -> None:
+    found = violations("k8s-load-balancer-restricted", SERVICE, service)
+    assert len(found) == 1 and found[0].startswith(message), found

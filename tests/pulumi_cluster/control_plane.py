@@ -1,6 +1,10 @@
 """A throw-away Kubernetes control plane for install-path tests: etcd, kube-apiserver and a
 kube-controller-manager that runs three controllers: the namespace controller, the garbage
-collector and the ServiceAccount token controller.
+collector and the ServiceAccount token controller. With `workloads=True`, also what makes
+workloads roll out: a scheduler, kwok playing the kubelet of one fake node (its pods turn
+Running and Ready at once, a Job's pods then Succeed; nothing runs), and the controllers of
+Deployments, ReplicaSets, DaemonSets, StatefulSets, Jobs, Endpoints and default
+ServiceAccounts, so an installer that waits for a rollout (pulumi-kubernetes does) sees one.
 
 The real binaries (`tools/build-cluster-binaries.sh`), every file in one temporary directory,
 every listener on a free loopback port: it runs beside the machine's local cluster and shares
@@ -42,6 +46,29 @@ from warren.cluster.local import write_kubeconfig
 from warren.cluster.pki import SERVER, Leaf, Pki
 
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+WORKLOAD_BINARIES = ("kube-scheduler", "kwok")
+# What deletion needs, and the ServiceAccount tokens a control plane's kubeconfig is made from.
+BASE_CONTROLLERS = ("namespace-controller", "garbage-collector-controller", "serviceaccount-token-controller")
+# What rolls workloads out (with workloads=True).
+WORKLOAD_CONTROLLERS = (
+    "serviceaccount-controller",  # a namespace's default ServiceAccount: pods without one are refused
+    "deployment-controller",
+    "replicaset-controller",
+    "daemonset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "endpoints-controller",  # pulumi-kubernetes waits for a Service's Endpoints
+    "endpointslice-controller",
+)
+# kwok's Stage objects: the lifecycle of the fake node and its pods. The controller's own scale
+# tests keep kwok's stages for nodes and pods; a Job's pods also need to finish.
+KWOK_STAGES = (
+    Path(__file__).resolve().parents[2] / "packages" / "warren-control" / "tests" / "kwok-stages.yaml",
+    Path(__file__).with_name("kwok-job-stages.yaml"),
+)
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+NODE_NAME = "kwok-node-0"
+NODE_POD_CIDR = "10.64.0.0/24"  # kwok hands out pod IPs from it (strings in objects, never dialled)
 START_TIMEOUT = 120.0
 # A free port is free when it is picked, not necessarily when the server binds it (other work
 # shares the machine): a start that lost that race is tried again on new ports.
@@ -58,8 +85,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def missing_binaries(bin_dir: Path) -> list[str]:
-    return [name for name in BINARIES if not (bin_dir / name).is_file()]
+def missing_binaries(bin_dir: Path, workloads: bool = False) -> list[str]:
+    wanted = BINARIES + (WORKLOAD_BINARIES if workloads else ())
+    return [name for name in wanted if not (bin_dir / name).is_file()]
 
 
 class PortTakenError(RuntimeError):
@@ -174,8 +202,10 @@ class Process:
 class ControlPlane:
     """`with ControlPlane(bin_dir) as cluster:`; `cluster.admin_kubeconfig`, `cluster.api`."""
 
-    def __init__(self, bin_dir: Path) -> None:
+    def __init__(self, bin_dir: Path, workloads: bool = False, node_name: str = NODE_NAME) -> None:
         self.bin_dir = bin_dir
+        self.workloads = workloads
+        self.node_name = node_name  # the fake node's (with workloads=True)
         self.root = Path(tempfile.mkdtemp(prefix="warren-apiserver-"))
         self.pki = self.root / "pki"
         self.logs = self.root / "logs"
@@ -213,7 +243,7 @@ class ControlPlane:
         return self._api
 
     def start(self) -> None:
-        missing = missing_binaries(self.bin_dir)
+        missing = missing_binaries(self.bin_dir, self.workloads)
         if missing:
             raise RuntimeError(
                 f"{self.bin_dir} lacks {', '.join(missing)}: run tools/build-cluster-binaries.sh"
@@ -223,6 +253,10 @@ class ControlPlane:
         etcd_url = self._on_free_ports(self._start_etcd)
         self._on_free_ports(lambda: self._start_apiserver(etcd_url))
         self._start_controller_manager()
+        if self.workloads:
+            self._start_scheduler()
+            self._start_kwok()
+            self._add_node()
 
     def stop(self) -> None:
         """Stop what was started, newest first, and remove the directory."""
@@ -378,6 +412,9 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--authorization-mode=Node,RBAC",
+                # As on any real cluster: warren-blockd's DaemonSet is privileged (and the
+                # admission floor, not this flag, keeps sandbox pods from being so).
+                "--allow-privileged=true",
                 "--profiling=false",
             ],
         )
@@ -391,8 +428,8 @@ class ControlPlane:
                 f"--kubeconfig={self.root / 'controller-manager.kubeconfig'}",
                 # The token controller fills ServiceAccount token Secrets (a control plane's
                 # kubeconfig is made from one).
-                "--controllers=namespace-controller,garbage-collector-controller,"
-                "serviceaccount-token-controller",
+                "--controllers="
+                + ",".join(BASE_CONTROLLERS + (WORKLOAD_CONTROLLERS if self.workloads else ())),
                 f"--service-account-private-key-file={self.pki / 'sa.key'}",
                 f"--root-ca-file={self.pki / 'ca.crt'}",
                 "--leader-elect=false",
@@ -404,6 +441,86 @@ class ControlPlane:
         time.sleep(1)
         if not manager.alive():
             raise RuntimeError(f"kube-controller-manager exited:\n{manager.tail()}")
+
+    def _start_scheduler(self) -> None:
+        settings = self.root / "scheduler.yaml"
+        settings.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": str(self.admin_kubeconfig)},
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
+        scheduler = self._spawn(
+            "kube-scheduler",
+            [str(self.bin_dir / "kube-scheduler"), f"--config={settings}", "--secure-port=0"],
+        )
+        time.sleep(1)
+        if not scheduler.alive():
+            raise RuntimeError(f"kube-scheduler exited:\n{scheduler.tail()}")
+
+    def _start_kwok(self) -> None:
+        key, value = KWOK_NODE_ANNOTATION
+        self._spawn(
+            "kwok",
+            [
+                str(self.bin_dir / "kwok"),
+                *(f"--config={stages}" for stages in KWOK_STAGES),
+                f"--kubeconfig={self.admin_kubeconfig}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={key}={value}",
+                "--node-ip=127.0.0.1",
+                "--node-lease-duration-seconds=0",  # no node lifecycle controller reads leases here
+                "-v=WARN",
+            ],
+        )
+
+    def _add_node(self) -> None:
+        """One fake node, Ready once kwok has taken it (kwok has no readiness endpoint)."""
+        key, value = KWOK_NODE_ANNOTATION
+        labels = {
+            "kubernetes.io/hostname": self.node_name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+        }
+        self.api.request(
+            "POST",
+            "/api/v1/nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": self.node_name, "annotations": {key: value}, "labels": labels},
+                "spec": {"podCIDR": NODE_POD_CIDR, "podCIDRs": [NODE_POD_CIDR]},
+            },
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            self.check_alive()
+            node = self.api.request("GET", f"/api/v1/nodes/{self.node_name}")
+            conditions = (node.get("status") or {}).get("conditions") or []
+            if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+                # The API server taints a new node not-ready; the node lifecycle controller lifts
+                # that once it is Ready. That controller does not run here (kwok renews no lease,
+                # so it would soon call the node lost): lift it as it would.
+                node["spec"]["taints"] = [
+                    t
+                    for t in node["spec"].get("taints") or []
+                    if t.get("key") != "node.kubernetes.io/not-ready"
+                ]
+                try:
+                    self.api.request("PUT", f"/api/v1/nodes/{self.node_name}", node)
+                except ApiError as exc:
+                    if exc.status != 409:  # kwok wrote its status meanwhile: read it again
+                        raise
+                    continue
+                return
+            time.sleep(0.5)
+        raise RuntimeError(
+            f"the kwok node was not Ready after {START_TIMEOUT:.0f}s:\n{self.processes[-1].tail()}"
+        )
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:

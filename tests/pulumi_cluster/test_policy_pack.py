@@ -320,6 +320,8 @@ def local_stack(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     checked(pulumi("stack", "init", "local"))
     kubeconfig = unreachable_kubeconfig(root / "kubeconfig")
     checked(pulumi("config", "set", "--stack", "local", "warren:kubeconfig", str(kubeconfig)))
+    # Not this machine's local node: the configuration is rendered as it is.
+    checked(pulumi("config", "set", "--stack", "local", "warren:localNode", "false"))
     yield pulumi
     shutil.rmtree(root, ignore_errors=True)
 

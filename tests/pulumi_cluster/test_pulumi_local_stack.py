@@ -1,15 +1,19 @@
 """The two install paths on a real API server: the Ansible `admission` role and a real
-`pulumi up` of the `local` stack create the same Kubernetes objects.
+`pulumi up` of the `local` stack create the same Kubernetes objects: the isolation floor and
+Warren's own services as workloads (warren-pulumi-test.yaml).
 
-On a throw-away control plane (control_plane.py: etcd, kube-apiserver, and the namespace and
-garbage collection controllers that deletion needs, from the pinned binaries):
+On a throw-away control plane (control_plane.py: etcd, kube-apiserver, the controllers that
+deletion and rollouts need, a scheduler and one fake kwok node, from the pinned binaries; the
+workloads roll out there, pulumi-kubernetes waits for that, and nothing runs):
 
-1. ansible-playbook applies the `admission` role (`warren apply`, server-side apply); a second
-   run changes nothing. Every object warren's render() lists is read back from the API server.
+1. ansible-playbook applies the `admission` role (`warren apply`, server-side apply); once the
+   workloads have rolled out, a second run changes nothing. Every object warren's render()
+   lists is read back from the API server.
 2. Those objects are deleted, last first, and waited for until gone.
 3. The Pulumi CLI, the Python language host and the Kubernetes provider that
    tools/build-pulumi.sh builds run `pulumi up` of the `local` stack with a file backend, the
-   stack's kubeconfig set to the throw-away cluster's. The same objects are read back.
+   stack's kubeconfig set to the throw-away cluster's, its configuration to the same file and
+   `warren:localNode` off (no local node here). The same objects are read back.
 4. Each pair must be equal once the fields the API server assigns are dropped.
 5. A preview with --expect-no-changes proves the stack converged; `pulumi destroy` must leave
    none of the objects behind; the stack is removed.
@@ -43,7 +47,7 @@ from typing import Any
 import pytest
 from control_plane import Api, ControlPlane, Obj
 
-from warren.config import WarrenConfig
+from warren.config import load_config
 from warren.render import render
 
 pytestmark = pytest.mark.pulumi
@@ -52,6 +56,7 @@ REPO = Path(__file__).resolve().parents[2]
 MAIN_BIN = REPO / ".venv" / "bin"  # ansible-playbook and warren (`make venv`)
 COMPONENTS_PYTHON = REPO / "components" / ".venv" / "bin" / "python"  # `make components/.venv/.installed`
 PLAYBOOK = Path(__file__).with_name("admission.yml")
+CONFIG = Path(__file__).with_name("warren-pulumi-test.yaml")
 STACK = "local"
 PASSPHRASE = "throw-away-test-stack"  # noqa: S105  # for a stack that lives for one test and holds no secret
 # Within a Pulumi stack, the provider's field manager is `pulumi-kubernetes-<random>`.
@@ -64,6 +69,7 @@ RECAP = re.compile(
 )
 COMMAND_TIMEOUT = 900.0
 GONE_TIMEOUT = 120.0
+ROLLOUT_TIMEOUT = 180.0
 
 # What the API server assigns to every object whoever writes it: identity, version, time,
 # and who wrote which field (`warren` on one side, `pulumi-kubernetes-<random>` on the other;
@@ -73,7 +79,10 @@ SERVER_METADATA = ("uid", "resourceVersion", "creationTimestamp", "generation", 
 # Defaults the API server fills in (a namespace's `kubernetes.io/metadata.name` label and
 # `spec.finalizers`, a CRD's `conversion: None`, a policy's `matchPolicy`, selectors...) are
 # NOT dropped: both paths send the same object, so the server fills the same defaults, and a
-# difference there would be a real difference in what was sent.
+# difference there would be a real difference in what was sent. Two things the server makes
+# per object are set aside too: a Service's allocated cluster IPs, and the Job's own uid,
+# which the server writes into the selector and pod labels it makes for the Job.
+SERVICE_ALLOCATED = ("clusterIP", "clusterIPs")
 
 
 def _env_var(name: str) -> Path:
@@ -85,14 +94,26 @@ def _env_var(name: str) -> Path:
     return Path(str(value))
 
 
+def _without_uid(value: Any, uid: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_uid(v, uid) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_uid(v, uid) for v in value]
+    return "<own uid>" if value == uid else value
+
+
 def comparable(obj: Obj) -> Obj:
-    """`obj` without what the API server assigns (see SERVER_METADATA)."""
+    """`obj` without what the API server assigns (see SERVER_METADATA, SERVICE_ALLOCATED)."""
     result = copy.deepcopy(obj)
     result.pop("status", None)
     meta = result.get("metadata") or {}
+    uid = meta.get("uid")
     for key in SERVER_METADATA:
         meta.pop(key, None)
-    return result
+    if result.get("kind") == "Service":
+        for key in SERVICE_ALLOCATED:
+            (result.get("spec") or {}).pop(key, None)
+    return _without_uid(result, uid) if uid else result
 
 
 def label(obj: Obj) -> str:
@@ -162,7 +183,7 @@ def checked(result: Result) -> Result:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ControlPlane]:
     bin_dir = _env_var("WARREN_BIN_DIR")
-    with ControlPlane(bin_dir) as plane:
+    with ControlPlane(bin_dir, workloads=True) as plane:
         yield plane
 
 
@@ -177,8 +198,10 @@ def workdir() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def rendered() -> list[Obj]:
-    """What both paths apply: warren's defaults, as `make deploy` and the local stack use."""
-    return render(WarrenConfig())
+    """What both paths apply: the floor and Warren's services as workloads."""
+    objects = render(load_config(CONFIG))
+    assert {"Deployment", "DaemonSet", "StatefulSet", "Job"} <= {o["kind"] for o in objects}
+    return objects
 
 
 def _base_env(workdir: Path, cluster: ControlPlane) -> dict[str, str]:
@@ -220,6 +243,7 @@ def ansible_play(workdir: Path, cluster: ControlPlane) -> Play:
                 "ansible_python_interpreter": str(MAIN_BIN / "python"),
                 "admission_warren": str(MAIN_BIN / "warren"),
                 "admission_kubeconfig": str(cluster.admin_kubeconfig),
+                "admission_config": str(CONFIG),
             }
         )
     )
@@ -290,6 +314,40 @@ def dump(api: Api, objects: list[Obj]) -> dict[str, Obj]:
             found[label(obj)] = live
     assert not missing, f"not on the API server: {missing}"
     return found
+
+
+def rolled_out(live: Obj) -> bool:
+    """Whether a workload's controller has done its work (kubectl rollout status's rules; a
+    Job complete); other kinds are there once they exist."""
+    kind, spec, status = live["kind"], live.get("spec") or {}, live.get("status") or {}
+    if kind == "Job":
+        return any(
+            c.get("type") == "Complete" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+    if kind not in {"Deployment", "DaemonSet", "StatefulSet"}:
+        return True
+    if status.get("observedGeneration", 0) < live["metadata"].get("generation", 1):
+        return False
+    if kind == "DaemonSet":
+        wanted = int(status.get("desiredNumberScheduled", 0))
+        return wanted > 0 and status.get("numberReady") == status.get("updatedNumberScheduled") == wanted
+    replicas = int(spec.get("replicas", 1))
+    if kind == "StatefulSet":
+        same_revision = bool(status.get("currentRevision") == status.get("updateRevision"))
+        return status.get("readyReplicas") == replicas and same_revision
+    return bool(status.get("updatedReplicas") == status.get("availableReplicas") == replicas)
+
+
+def wait_rolled_out(api: Api, objects: list[Obj], timeout: float = ROLLOUT_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = [
+            label(obj) for obj in objects if not rolled_out(api.get(obj) or {"kind": "?", "metadata": {}})
+        ]
+        if not waiting:
+            return
+        assert time.monotonic() < deadline, f"not rolled out after {timeout:.0f}s: {waiting}"
+        time.sleep(1)
 
 
 def wait_all_gone(api: Api, objects: list[Obj], timeout: float = GONE_TIMEOUT) -> list[str]:
@@ -373,6 +431,11 @@ def ansible_path(
     assert first.changed == 1, (
         f"the first run changed nothing on an empty cluster:\n{first.result.describe()}"
     )
+    # As Pulumi waits for it: the objects then carry what their controllers write (a
+    # Deployment's revision), on both paths alike.
+    started = time.monotonic()
+    wait_rolled_out(cluster.api, rendered)
+    timings.add("the Ansible-made workloads roll out", time.monotonic() - started)
     second = ansible_play(workdir, cluster)
     timings.add("ansible-playbook (second run)", second.result.seconds)
     assert second.result.rc == 0, second.result.describe()
@@ -433,9 +496,13 @@ def test_pulumi_and_ansible_create_identical_objects(
     checked(pulumi("version"))
     checked(pulumi("stack", "init", STACK))
     checked(pulumi("config", "set", "--stack", STACK, "warren:kubeconfig", str(cluster.admin_kubeconfig)))
+    checked(pulumi("config", "set", "--stack", STACK, "warren:configFile", str(CONFIG)))
+    checked(pulumi("config", "set", "--stack", STACK, "warren:localNode", "false"))
+    # pulumi-kubernetes waits for every workload to roll out (and each Service's endpoints).
     timings.add("pulumi up", checked(pulumi("up", "--stack", STACK, "--yes", "--skip-preview")).seconds)
     outputs = json.loads(checked(pulumi("stack", "output", "--stack", STACK, "--json")).output)
     assert outputs.get("objects") == [label(obj) for obj in rendered], outputs
+    assert all(rolled_out(api.get(obj) or {}) for obj in rendered), "pulumi up returned before the rollout"
     by_pulumi = dump(api, rendered)
 
     # 4. The comparison.

@@ -130,6 +130,9 @@ class _Node:
         self.supervisor = supervisor
         self.control_plane_running_at_teardown: bool | None = None
 
+    def claim(self, ctx: ClusterContext) -> None:
+        pass
+
     def leaves(self, ctx: ClusterContext) -> Sequence[Leaf]:
         return []
 

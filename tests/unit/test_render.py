@@ -4,7 +4,7 @@ from typing import Any
 import pytest
 
 from warren.config import WarrenConfig, parse_config
-from warren.render import render, write
+from warren.render import BASELINE, render, write
 
 Obj = dict[str, Any]
 
@@ -82,6 +82,14 @@ def test_sandbox_policy_fails_closed_and_covers_every_rule(objects: list[Obj]) -
             "privilege-escalation",
             "capabilities",
             "service-account-token",
+            # The rest of the Pod Security baseline, enforced by the policy itself.
+            "windows-host-process",
+            "probe-host",
+            "proc-mount",
+            "seccomp",
+            "apparmor",
+            "selinux",
+            "sysctls",
         )
     }
     containers = next(v for v in policy["variables"] if v["name"] == "containers")["expression"]
@@ -101,6 +109,23 @@ def test_guard_exempts_only_platform_groups() -> None:
     condition = guard["matchConditions"][0]["expression"]
     assert "['ops:platform']" in condition
     assert "system:masters" not in condition
+
+
+def test_safe_sysctls_are_baselines_own(objects: list[Obj]) -> None:
+    policy = one(objects, "ValidatingAdmissionPolicy", "warren-sandbox-pods")["spec"]
+    sysctls = next(v for v in policy["validations"] if "warren:sysctls" in v["message"])
+    for name in BASELINE.safe_sysctls:
+        assert f"'{name}'" in sysctls["expression"]
+    assert "kernel.msgmax" not in sysctls["expression"]
+
+
+def test_guard_checks_namespace_creates_for_pod_security(objects: list[Obj]) -> None:
+    guard = one(objects, "ValidatingAdmissionPolicy", "warren-floor-guard")["spec"]
+    rules = guard["matchConstraints"]["resourceRules"]
+    namespaces = next(r for r in rules if r["resources"] == ["namespaces"])
+    assert set(namespaces["operations"]) == {"CREATE", "UPDATE"}
+    messages = [v["message"] for v in guard["validations"]]
+    assert sum("[warren:namespace-pod-security]" in m for m in messages) == 2
 
 
 def test_csi_allow_list_rendered_as_cel_list() -> None:

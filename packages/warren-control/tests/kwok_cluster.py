@@ -354,8 +354,11 @@ class KwokCluster:
         if not os.access(self.warren, os.X_OK):
             raise RuntimeError(f"{self.warren} is missing: `make venv` installs the warren command")
         env = {**os.environ, "WARREN_HOME": str(self.root / "home")}  # never the real cluster's state
+        # The floor alone: this cluster's controller is the test's, and no kwok node may
+        # "run" Warren's own workloads.
+        floor = Path(__file__).resolve().parents[3] / "tests" / "cluster" / "warren-floor.yaml"
         done = subprocess.run(
-            [str(self.warren), "apply", "--kubeconfig", str(self.admin_kubeconfig)],
+            [str(self.warren), "apply", "--config", str(floor), "--kubeconfig", str(self.admin_kubeconfig)],
             capture_output=True,
             text=True,
             env=env,

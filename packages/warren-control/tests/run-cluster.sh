@@ -23,7 +23,7 @@ if [[ -z ${WARREN_KUBECONFIG:-} ]]; then
   export WARREN_BIN_DIR=$bin_dir PATH=$bin_dir:$PATH
   WARREN_HOME=$(mktemp -d "${TMPDIR:-/tmp}/warren-control-cluster.XXXXXX")
   export WARREN_HOME
-  config=$repo/tests/cluster/warren-test.yaml
+  config=$repo/tests/cluster/warren-floor.yaml
   cleanup() {
     "$venv/warren" cluster down --wipe --config "$config" || true
     rm -rf --one-file-system "$WARREN_HOME"  # never through a mount that survived

@@ -25,7 +25,7 @@ from warren_control.api import ORG_LABEL, make_api, scrub
 from warren_control.identity import HEADER, Identity, sign
 from warren_control.models import IdempotencyRecord, Sandbox, SandboxPhase
 from warren_control.podspec import pod_name
-from warren_control.sdk import WarrenError
+from warren_control.sdk import CannotStart, WaitTimeout, WarrenError
 
 pytest_plugins = ["api_fixtures"]
 
@@ -779,6 +779,42 @@ def test_wait_until_reports_progress_and_returns_on_the_phase(stack: Stack) -> N
     with pytest.raises(WarrenError) as late:
         org.client.wait_until(box.id, "Stopped", timeout=0.2, interval=0.05)
     assert late.value.code in {"timeout", "failed"}
+
+
+def pending_because(reason: str, message: str) -> dict[str, Any]:
+    """A Sandbox status as the controller writes it for a pod that does not start."""
+    ready = {
+        "type": "Ready",
+        "status": "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    return {"phase": "Pending", "conditions": [ready]}
+
+
+def test_wait_until_ends_at_once_when_the_image_is_never_pulled(stack: Stack) -> None:
+    org = stack.org()
+    box = org.client.create(IMAGE)
+    missing = 'Container image "warren.invalid/none:0" is not present with pull policy of Never'
+    stack.standin.set_status(stack.object_name(box.id), pending_because("ErrImageNeverPull", missing))
+    with pytest.raises(CannotStart) as refused:
+        org.client.wait_until(box.id, "Running", timeout=60, interval=0.05)
+    assert refused.value.code == "cannot_start"
+    assert "ErrImageNeverPull" in refused.value.message and missing in refused.value.message
+
+
+def test_wait_until_ends_once_no_node_had_room_for_a_while(stack: Stack) -> None:
+    org = stack.org()
+    box = org.client.create(IMAGE)
+    full = "0/1 nodes are available: 1 Insufficient cpu."
+    stack.standin.set_status(stack.object_name(box.id), pending_because("Unschedulable", full))
+    with pytest.raises(CannotStart) as refused:
+        org.client.wait_until(box.id, "Running", timeout=60, interval=0.05, unschedulable_for=0.3)
+    assert full in refused.value.message and "ask for less CPU or memory" in refused.value.message
+    # Asked to wait for room: only the timeout ends it.
+    with pytest.raises(WaitTimeout):
+        org.client.wait_until(box.id, "Running", timeout=0.5, interval=0.05, unschedulable_for=None)
 
 
 def test_sdk_errors_carry_the_apis_code_and_message(stack: Stack) -> None:

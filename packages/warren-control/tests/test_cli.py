@@ -121,6 +121,54 @@ def test_create_waits_for_running_and_shows_progress(
     assert "Running" in lines[-1]
 
 
+def test_fork_ends_with_each_childs_reason_when_no_node_has_room(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The children are waited for together, each reported with the scheduler's reason, and
+    the command ends (exit 1) instead of waiting out the timeout."""
+    org = stack.org()
+    parent = org.client.create(IMAGE)
+    stack.standin.set_status(stack.object_name(parent.id), {"phase": "Running"})
+    before = set(stack.standin.objects)
+    full = "0/1 nodes are available: 1 Insufficient cpu."
+    stop = threading.Event()
+
+    def scheduler() -> None:  # plays the controller: every new Sandbox is unschedulable
+        while not stop.is_set():
+            for key, name in list(stack.standin.objects):
+                if (key, name) not in before:
+                    stack.standin.set_status(
+                        name,
+                        {
+                            "phase": "Pending",
+                            "conditions": [
+                                {
+                                    "type": "Ready",
+                                    "status": "False",
+                                    "reason": "Unschedulable",
+                                    "message": full,
+                                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                                }
+                            ],
+                        },
+                    )
+            time.sleep(0.05)
+
+    helper = threading.Thread(target=scheduler)
+    helper.start()
+    try:
+        argv = ("--timeout", "600", "--unschedulable-for", "1", "fork", "--count", "2", parent.id)
+        code, out, err = run(stack, org.token, capsys, *argv)
+    finally:
+        stop.set()
+        helper.join()
+    assert (code, out) == (1, "")
+    failures = [line for line in err.splitlines() if line.startswith("child ")]
+    assert len(failures) == 2, err
+    assert all("cannot_start" in line and full in line for line in failures), err
+    assert "Unschedulable" in err  # the progress lines said why while it waited
+
+
 def test_refusals_exit_non_zero_with_the_code(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
     org = stack.org(quota_sandboxes=0)
     code, _, err = run(stack, org.token, capsys, "create", "--no-wait", IMAGE)

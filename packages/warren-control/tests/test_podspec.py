@@ -106,6 +106,32 @@ def test_resources_from_spec_integers_and_quantities() -> None:
     assert only_cpu["limits"] == {"cpu": "250m", "memory": "1Gi"}
 
 
+@pytest.mark.parametrize(
+    ("size", "percents", "requests"),
+    [
+        ({"cpu": "1", "memory": "1Gi"}, (1, 10), {"cpu": "10m", "memory": "103Mi"}),
+        ({"cpu": "100m", "memory": "128Mi"}, (1, 10), {"cpu": "1m", "memory": "13Mi"}),
+        ({"cpu": "1500m", "memory": "2G"}, (50, 50), {"cpu": "750m", "memory": "954Mi"}),
+        ({"cpu": 2, "memory": "512Mi"}, (100, 100), {"cpu": "2", "memory": "512Mi"}),
+    ],
+)
+def test_a_sandbox_reserves_the_deployments_share_of_its_size(
+    size: dict[str, object], percents: tuple[int, int], requests: dict[str, str]
+) -> None:
+    options = PodOptions(cpu_request_percent=percents[0], memory_request_percent=percents[1])
+    resources = pod_for(sandbox(resources=size), options=options)["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == requests
+    assert resources["limits"] == {"cpu": str(size["cpu"]), "memory": str(size["memory"])}
+
+
+def test_a_share_of_what_is_not_a_quantity_is_refused_by_name() -> None:
+    options = PodOptions(cpu_request_percent=10)
+    with pytest.raises(SandboxSpecError, match=r"spec.resources.cpu is 'lots', not a quantity"):
+        pod_for(sandbox(resources={"cpu": "lots"}), options=options)
+    with pytest.raises(ValueError, match="memory_request_percent is 0"):
+        PodOptions(memory_request_percent=0)
+
+
 def test_options_set_runtime_class_pull_policy_and_defaults() -> None:
     options = PodOptions(
         runtime_class="gvisor-kvm", image_pull_policy="Never", default_cpu="500m", default_memory="256Mi"

@@ -144,9 +144,27 @@ def build(
         with _step("debian packages", seconds, progress):
             parts.add_debs(*debs.collect(cache_root, progress))
         with _step("images", seconds, progress):
+            from warren.images import services
+            from warren.images.rootfs import ImageError
             from warren.node.images import build_all
 
-            for image in build_all(cluster.directory, staging / "images"):
+            made = build_all(cluster.directory, staging / "images")
+            # Warren's own services, from the very wheels the bundle carries.
+            flat = staging / "service-wheels"
+            flat.mkdir()
+            for bundle_path, source in wheel_set.files.items():
+                (flat / Path(bundle_path).name).symlink_to(source.absolute())
+            try:
+                made += services.build(
+                    flat,
+                    services.project_version(repo),
+                    cache_root / "images",
+                    staging / "images",
+                    progress=progress,
+                )
+            except ImageError as exc:
+                raise BundleError(str(exc)) from None
+            for image in made:
                 parts.sources[f"images/{image.archive.name}"] = image.archive
                 parts.pins.setdefault("images", {})[image.name] = image.manifest_digest
         with _step("checksums", seconds, progress):

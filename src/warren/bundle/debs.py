@@ -41,6 +41,9 @@ PACKAGES: Mapping[str, tuple[str, ...]] = {
     "warren-control's records": ("postgresql",),
     "warren-forkd's microVMs": ("qemu-system-x86", "qemu-utils"),
     "the Python environments": ("python3", "python3-venv"),
+    "warren image build and push; the images tier's registry on loopback": (
+        "mmdebstrap", "skopeo", "docker-registry",
+    ),
     "what Ansible needs on the hosts: sshd, the apt module's library": ("openssh-server", "python3-apt"),
 }  # fmt: skip
 # Downloaded into the repository with their closure but left out of packages.txt (what an

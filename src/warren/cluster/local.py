@@ -51,6 +51,11 @@ class NodeProvider(Protocol):
 
     name: str
 
+    def claim(self, ctx: ClusterContext) -> None:
+        """Before anything starts: take what the node shares with its host, or raise
+        ClusterError naming who holds it."""
+        ...
+
     def leaves(self, ctx: ClusterContext) -> Sequence[Leaf]: ...
 
     def prepare(self, ctx: ClusterContext) -> None: ...
@@ -229,6 +234,8 @@ class LocalCluster:
         state.mkdir(parents=True, exist_ok=True, mode=0o700)
         (state / STATE_MARKER).touch()
         (state / BIN_DIR_RECORD).write_text(f"{self.layout.bin_dir.resolve()}\n")
+        for node in self.nodes:
+            node.claim(ctx)
         self._ensure_pki(ctx)
         self._write_kubeconfigs()
         for component in control_plane(self.config, self.layout, ctx.advertise_address):

@@ -116,6 +116,7 @@ class Supervisor:
                         os.kill(record.pid, signal.SIGKILL)
                 time.sleep(0.1)
                 _reap(record.pid)
+            _reap(record.pid)  # it may have become a zombie after the last look: collect it
         self.record_path(name).unlink(missing_ok=True)
         return was_running
 

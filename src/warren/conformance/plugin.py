@@ -28,6 +28,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="also start real pods and look inside them (needs nodes with gVisor)",
     )
     group.addoption(
+        "--pod-security-fixtures",
+        type=Path,
+        default=None,
+        help="the test/testdata directory of the Go module k8s.io/pod-security-admission at the "
+        "cluster's version (default: found in, or downloaded to, the Go module cache)",
+    )
+    group.addoption(
+        "--api-url",
+        default=None,
+        help="the platform tier: the installed platform's API endpoint (its edge), e.g. http://127.0.0.1:8080",
+    )
+    group.addoption(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help="the platform tier: a file holding an API key of that platform",
+    )
+    group.addoption(
         "--egress-test-hosts",
         choices=["none", "local"],
         default="none",

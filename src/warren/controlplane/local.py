@@ -1,12 +1,15 @@
-"""Where the local deployment's control plane keeps its state: the control_plane role
-(playbooks/site.yml with the local inventory) makes it, `warren sandbox` reads it. It is
-one directory of the cluster's state, 0700, kept across runs:
+"""Where the local deployment's control plane keeps its state: `warren platform ready
+--record` (the workloads role of playbooks/site.yml with the local inventory) or, for
+services run on hosts, the control_plane role makes it; `warren sandbox` reads it. It is one
+directory of the cluster's state, 0700, kept across runs:
 
     records.db             the records, when SQLite holds them (the service migrates them)
     stamp.key              the edge's identity-stamp key (0600), made once
     api-key                the first API key, of the organization `default` (0600), made once
     controller.kubeconfig  the warren-controller ServiceAccount's kubeconfig (0600)
     url                    where the edge listens, for `warren sandbox`
+With Warren's services as workloads only `api-key` and `url` are here: the rest lives in
+Secrets in warren-system.
     control.env            the records' database URL (0600), read by the service
 """
 
@@ -86,3 +89,14 @@ def local_api_key(cluster_state: Path) -> str | None:
         return layout(cluster_state).api_key.read_text().strip() or None
     except OSError:
         return None
+
+
+def record(root: Path, url: str, api_key: str | None) -> bool:
+    """Write where the edge answers and, when given, the first API key; True if either
+    changed. The directory is made 0700 (it holds a credential)."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root.chmod(0o700)
+    changed = write_private(root / "url", f"{url}\n")
+    if api_key is not None:
+        changed = write_private(root / "api-key", f"{api_key}\n") or changed
+    return changed

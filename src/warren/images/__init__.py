@@ -32,6 +32,7 @@ class ImageSpec:
     env: tuple[str, ...] = (f"PATH={DEFAULT_PATH}",)
     workdir: str = "/"
     labels: dict[str, str] = field(default_factory=dict)
+    user: str = ""  # the image's default user ("" leaves the config's field out)
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,65 @@ def _json(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
+@dataclass(frozen=True)
+class _Blob:
+    digest: str
+    size: int
+    path: Path | None = None  # on disk (large layers), or
+    data: bytes = b""  # in memory
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A compressed layer on disk: what its uncompressed tar hashes to, and its blob."""
+
+    diff_id: str
+    digest: str
+    size: int
+    path: Path
+
+
+def compress_layer(raw: Path, out: Path) -> Layer:
+    """Compress an uncompressed layer tar into `out` (gzip, reproducible: no name, no time)."""
+    raw_hash, gz_hash = hashlib.sha256(), hashlib.sha256()
+
+    class _Tee(io.RawIOBase):
+        def __init__(self, sink: io.BufferedWriter) -> None:
+            self.sink = sink
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: bytes) -> int:  # type: ignore[override]
+            gz_hash.update(b)
+            return self.sink.write(b)
+
+    with (
+        raw.open("rb") as src,
+        out.open("wb") as sink,
+        gzip.GzipFile(fileobj=_Tee(sink), mode="wb", mtime=0, compresslevel=6) as gz,
+    ):
+        while chunk := src.read(1 << 20):
+            raw_hash.update(chunk)
+            gz.write(chunk)
+    return Layer("sha256:" + raw_hash.hexdigest(), "sha256:" + gz_hash.hexdigest(), out.stat().st_size, out)
+
+
 def build_archive(spec: ImageSpec, out: Path) -> Built:
-    """Write an OCI image layout archive for `spec` to `out`."""
+    """Write an OCI image layout archive for `spec` (one layer: its root filesystem) to `out`."""
     raw = layer_tar(spec.rootfs)
     layer = _gzip(raw)
+    return _write(spec, [(_digest(raw), _Blob(_digest(layer), len(layer), data=layer))], out)
+
+
+def build_layered_archive(spec: ImageSpec, layers: list[Layer], out: Path) -> Built:
+    """The same from compressed layers (compress_layer), bottom first; spec.rootfs is unused."""
+    return _write(
+        spec, [(layer.diff_id, _Blob(layer.digest, layer.size, path=layer.path)) for layer in layers], out
+    )
+
+
+def _write(spec: ImageSpec, layers: list[tuple[str, _Blob]], out: Path) -> Built:
     config = _json(
         {
             "architecture": "amd64",
@@ -98,9 +154,12 @@ def build_archive(spec: ImageSpec, out: Path) -> Built:
                 "Cmd": list(spec.cmd) or None,
                 "WorkingDir": spec.workdir,
                 "Labels": spec.labels or None,
+                **({"User": spec.user} if spec.user else {}),
             },
-            "rootfs": {"type": "layers", "diff_ids": [_digest(raw)]},
-            "history": [{"created_by": "warren image build", "created": "1970-01-01T00:00:00Z"}],
+            "rootfs": {"type": "layers", "diff_ids": [diff_id for diff_id, _ in layers]},
+            "history": [
+                {"created_by": "warren image build", "created": "1970-01-01T00:00:00Z"} for _ in layers
+            ],
             "created": "1970-01-01T00:00:00Z",
         }
     )
@@ -109,7 +168,7 @@ def build_archive(spec: ImageSpec, out: Path) -> Built:
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
             "config": {"mediaType": OCI_CONFIG, "digest": _digest(config), "size": len(config)},
-            "layers": [{"mediaType": OCI_LAYER, "digest": _digest(layer), "size": len(layer)}],
+            "layers": [{"mediaType": OCI_LAYER, "digest": b.digest, "size": b.size} for _, b in layers],
         }
     )
     tag = spec.name.rsplit(":", 1)[1] if ":" in spec.name.rsplit("/", 1)[-1] else "latest"
@@ -130,11 +189,10 @@ def build_archive(spec: ImageSpec, out: Path) -> Built:
             ],
         }
     )
-    files = {
-        "oci-layout": _json({"imageLayoutVersion": "1.0.0"}),
-        "index.json": index,
-        **{f"blobs/sha256/{_digest(b).split(':')[1]}": b for b in (layer, config, manifest)},
-    }
+    blobs = {b.digest: b for _, b in layers}
+    for data in (config, manifest):
+        blobs[_digest(data)] = _Blob(_digest(data), len(data), data=data)
+    small = {"oci-layout": _json({"imageLayoutVersion": "1.0.0"}), "index.json": index}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".partial")
     with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -142,9 +200,31 @@ def build_archive(spec: ImageSpec, out: Path) -> Built:
             info = _normalise(tarfile.TarInfo(directory))
             info.type, info.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(info)
-        for name in sorted(files):
+        entries: dict[str, _Blob | bytes] = {
+            **small,
+            **{f"blobs/sha256/{d.split(':')[1]}": b for d, b in blobs.items()},
+        }
+        for name in sorted(entries):
+            entry = entries[name]
             info = _normalise(tarfile.TarInfo(name))
-            info.size, info.mode = len(files[name]), 0o644
-            tar.addfile(info, io.BytesIO(files[name]))
+            info.mode = 0o644
+            if isinstance(entry, bytes):
+                info.size = len(entry)
+                tar.addfile(info, io.BytesIO(entry))
+            elif entry.path is not None:
+                info.size = entry.size
+                with entry.path.open("rb") as handle:
+                    tar.addfile(info, handle)
+            else:
+                info.size = entry.size
+                tar.addfile(info, io.BytesIO(entry.data))
     tmp.replace(out)
-    return Built(spec.name, out, _digest(manifest), hashlib.sha256(out.read_bytes()).hexdigest())
+    return Built(spec.name, out, _digest(manifest), _file_sha256(out))
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -3,6 +3,7 @@
     warren-control serve --role api|edge|controller|mirror|reaper|all ...
     warren-control openapi [--output FILE]
     warren-control admin migrate|create-org|issue-key|revoke-key|list-keys ...   (admin_cli.py)
+    warren-control install ...   the install Job's work on the cluster (install.py)
     warren-control sandbox create|get|list|delete|fork|exec|stop|start|read-file|write-file|keepalive ...
 
 The sandbox commands talk to the edge with the SDK: `--url` / WARREN_URL and `--api-key` /
@@ -19,10 +20,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
+from warren_control import install
 from warren_control.admin_cli import add_admin_parser
+from warren_control.leader import add_arguments, lead_if_asked
+from warren_control.podspec import add_request_arguments
 from warren_control.sdk import Client, Phase, Sandbox, WarrenError
 from warren_control.workspaces import DEFAULT_RETENTION_S
 
@@ -144,7 +149,11 @@ def _run_controller(args: argparse.Namespace) -> None:
     from warren_control.podspec import PodOptions, blockd_volume
 
     options = controller.ControllerOptions(
-        pod=PodOptions(image_pull_policy=args.image_pull_policy),
+        pod=PodOptions(
+            image_pull_policy=args.image_pull_policy,
+            cpu_request_percent=args.cpu_request_percent,
+            memory_request_percent=args.memory_request_percent,
+        ),
         workspace=blockd_volume if args.workspaces else controller.no_workspace,
     )
     controller.run(args.watch_namespace or [args.sandbox_namespace], args.kubeconfig, options=options)
@@ -161,9 +170,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_url = args.api_url or f"http://127.0.0.1:{DEFAULT_API_PORT}"
         _serve_forever(_edge_app(args, api_url), args.host, args.port or DEFAULT_EDGE_PORT)
     elif role == "controller":
+        lead_if_asked(args)
         _run_controller(args)
     elif role in {"mirror", "reaper"}:
-        _background(args, _api_settings(args, read_through=False), [role], stop)
+        settings = _api_settings(args, read_through=False)
+        lead_if_asked(args)
+        _background(args, settings, [role], stop)
         _until_signalled(stop)
     else:  # all: API on loopback, the edge in front, mirror and reaper beside, the controller in charge
         settings = _api_settings(args, read_through=False)
@@ -174,8 +186,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 _edge_app(args, f"http://127.0.0.1:{api_port}"), args.host, args.port or DEFAULT_EDGE_PORT
             )
         )
-        _background(args, settings, ["mirror", "reaper"], stop)
         try:
+            lead_if_asked(args)
+            _background(args, settings, ["mirror", "reaper"], stop)
             _run_controller(args)
         finally:
             stop.set()
@@ -199,19 +212,22 @@ def cmd_openapi(args: argparse.Namespace) -> int:
 
 
 class Progress:
-    """Progress lines on stderr: each state a sandbox passes through, with the time taken."""
+    """Progress lines on stderr: each state a sandbox passes through, with the time taken.
+    Safe to share between the threads that wait for a fork's children."""
 
     def __init__(self, stream: TextIO, quiet: bool = False) -> None:
         self.stream = stream
         self.quiet = quiet
         self.started = time.monotonic()
+        self._lock = threading.Lock()
 
     def __call__(self, sandbox: Sandbox) -> None:
         if self.quiet:
             return
         elapsed = time.monotonic() - self.started
         reason = f" ({sandbox.reason})" if sandbox.reason else ""
-        print(f"[{elapsed:5.1f}s] {sandbox.id} {sandbox.phase}{reason}", file=self.stream, flush=True)
+        with self._lock:
+            print(f"[{elapsed:5.1f}s] {sandbox.id} {sandbox.phase}{reason}", file=self.stream, flush=True)
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -229,9 +245,16 @@ def _show(sandbox: Sandbox, args: argparse.Namespace) -> None:
         print(sandbox.id)
 
 
-def _wait(client: Client, args: argparse.Namespace, sandbox_id: str, phase: Phase) -> Sandbox:
-    progress = Progress(sys.stderr, quiet=args.quiet)
-    return client.wait_until(sandbox_id, phase, timeout=args.timeout, progress=progress)
+def _wait(
+    client: Client, args: argparse.Namespace, sandbox_id: str, phase: Phase, progress: Progress | None = None
+) -> Sandbox:
+    return client.wait_until(
+        sandbox_id,
+        phase,
+        timeout=args.timeout,
+        progress=progress or Progress(sys.stderr, quiet=args.quiet),
+        unschedulable_for=args.unschedulable_for or None,
+    )
 
 
 def sandbox_create(client: Client, args: argparse.Namespace) -> int:
@@ -281,22 +304,32 @@ def sandbox_delete(client: Client, args: argparse.Namespace) -> int:
 
 
 def sandbox_fork(client: Client, args: argparse.Namespace) -> int:
+    """Fork, then wait for every child at once (each on its own, with progress): the command
+    ends when each child runs or cannot, and says why for each that cannot."""
     results = client.fork(args.id, args.count)
+    progress = Progress(sys.stderr, quiet=args.quiet)
+
+    def settle(child: Sandbox) -> Sandbox | WarrenError:
+        try:
+            return _wait(client, args, child.id, "Running", progress) if args.wait else child
+        except WarrenError as exc:
+            return exc
+
+    made = [r.sandbox for r in results if r.sandbox is not None]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(made), 16))) as pool:
+        settled = dict(zip((c.id for c in made), pool.map(settle, made), strict=True))
     failed = 0
     for number, result in enumerate(results, 1):
         if result.sandbox is None:
             failed += 1
             print(f"child {number}: {result.error}: {result.message}", file=sys.stderr)
             continue
-        child = result.sandbox
-        if args.wait:
-            try:
-                child = _wait(client, args, child.id, "Running")
-            except WarrenError as exc:
-                failed += 1
-                print(f"child {number} ({child.id}): {exc}", file=sys.stderr)
-                continue
-        _show(child, args)
+        outcome = settled[result.sandbox.id]
+        if isinstance(outcome, WarrenError):
+            failed += 1
+            print(f"child {number} ({result.sandbox.id}): {outcome}", file=sys.stderr)
+            continue
+        _show(outcome, args)
     return 1 if failed else 0
 
 
@@ -421,11 +454,15 @@ def _serve_parser(commands: Any) -> None:
         default="IfNotPresent",
         help="controller: the sandbox pods' image pull policy",
     )
+    add_request_arguments(serve)
     serve.add_argument(
         "--no-read-through",
         action="store_true",
         help="api: answer reads from the records alone (a status mirror is deployed)",
     )
+    # The controller, the mirror and the reaper run only while this replica leads; the
+    # edge and the API serve in every one.
+    add_arguments(serve)
     serve.add_argument("--resync-seconds", type=float, default=60.0, help="mirror: full pass interval")
     serve.add_argument("--reap-interval", type=float, default=30.0, help="reaper: seconds between sweeps")
     serve.add_argument("--oidc-issuer", help="edge: accept bearer tokens from this issuer")
@@ -441,6 +478,12 @@ def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command 
     sandbox.add_argument("--json", action="store_true", help="print sandboxes as JSON")
     sandbox.add_argument("--quiet", action="store_true", help="no progress output")
     sandbox.add_argument("--timeout", type=float, default=300.0, help="how long to wait (seconds)")
+    sandbox.add_argument(
+        "--unschedulable-for",
+        type=float,
+        default=60.0,
+        help="stop waiting once no node had room for a sandbox this long (seconds; 0: until --timeout)",
+    )
     actions = sandbox.add_subparsers(dest="action", required=True)
 
     def action(name: str, handler: Callable[[Client, argparse.Namespace], int], help_text: str) -> Any:
@@ -525,6 +568,7 @@ def parser() -> argparse.ArgumentParser:
     openapi.set_defaults(handler=cmd_openapi)
     _sandbox_parser(commands)
     add_admin_parser(commands)
+    install.add_parser(commands)
     return top
 
 

@@ -30,6 +30,7 @@ from typing import Any, Literal, cast
 
 import kopf
 
+from warren_control import leader
 from warren_control.kube import ApiException, Kube, Obj, error_message
 from warren_control.podspec import (
     GROUP,
@@ -42,6 +43,7 @@ from warren_control.podspec import (
     PodOptions,
     PullPolicy,
     SandboxSpecError,
+    add_request_arguments,
     blockd_volume,
     controller_uid,
     pod_for,
@@ -544,6 +546,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--image-pull-policy", choices=["Always", "IfNotPresent", "Never"], default="IfNotPresent"
     )
+    add_request_arguments(parser)
     parser.add_argument("--resync-seconds", type=float, default=ControllerOptions.resync_seconds)
     parser.add_argument(
         "--workers", type=int, default=ControllerOptions.workers, help="threads for the handlers"
@@ -556,6 +559,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--liveness", help="serve liveness here, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--log-format", choices=["json", "plain"], default="json")
     parser.add_argument("--verbose", action="store_true")
+    leader.add_arguments(parser)
     args = parser.parse_args(argv)
     kopf.configure(
         verbose=args.verbose,
@@ -563,12 +567,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     options = ControllerOptions(
         pod=PodOptions(
-            runtime_class=args.runtime_class, image_pull_policy=cast(PullPolicy, args.image_pull_policy)
+            runtime_class=args.runtime_class,
+            image_pull_policy=cast(PullPolicy, args.image_pull_policy),
+            cpu_request_percent=args.cpu_request_percent,
+            memory_request_percent=args.memory_request_percent,
         ),
         resync_seconds=args.resync_seconds,
         workers=args.workers,
         workspace=blockd_volume if args.workspaces else no_workspace,
     )
+    leader.lead_if_asked(args)
     run(args.namespace, args.kubeconfig, options=options, liveness_endpoint=args.liveness)
 
 

@@ -61,6 +61,16 @@ def with_pod(sandbox: Obj, pod: Obj | None) -> Obj:
     return {**sandbox, "status": status_for(sandbox, observe(sandbox, pod))}
 
 
+def _same_conditions(new: list[dict[str, Any]], old: list[dict[str, Any]] | None) -> bool:
+    """Equal but for transition times: the mirror computes a status itself before the
+    controller has written one, and then every computation stamps the time it ran."""
+
+    def timeless(conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in c.items() if k != "last_transition_time"} for c in conditions]
+
+    return old is not None and timeless(new) == timeless(old)
+
+
 def converge(
     session: Session,
     record: Sandbox,
@@ -113,7 +123,7 @@ def converge(
     else:
         phase = record.phase
     changed = False
-    if phase is not record.phase or (conditions and conditions != record.conditions):
+    if phase is not record.phase or (conditions and not _same_conditions(conditions, record.conditions)):
         store.set_phase(session, record, phase, conditions=conditions or None)
         changed = True
     if location is not None and location != record.location:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from kubernetes.utils.quantity import parse_quantity
 
 Obj = dict[str, Any]
 
@@ -62,6 +65,19 @@ class PodOptions:
     image_pull_policy: PullPolicy = "IfNotPresent"
     default_cpu: str = "1"
     default_memory: str = "1Gi"
+    # What a sandbox reserves on its node, as a share of its size (its limits). 100 for both:
+    # requests equal limits, the Guaranteed class. Less: an idle sandbox reserves about what
+    # it uses, so a node holds many, and a busy one can still use all of its size while the
+    # node has it (under memory pressure, sandboxes above their requests are evicted first).
+    cpu_request_percent: int = 100
+    memory_request_percent: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_request_percent", "memory_request_percent"):
+            value = getattr(self, name)
+            if not 1 <= value <= 100:  # noqa: PLR2004
+                raise ValueError(f"{name} is {value}: give a share from 1 to 100")
+
     # Long enough for a process to flush the workspace on SIGTERM, short enough that stop
     # and delete stay quick.
     termination_grace_seconds: int = 5
@@ -88,6 +104,22 @@ def _quantity(value: object, field: str, default: str) -> str:
     if not text:
         raise SandboxSpecError(f"spec.resources.{field} is empty: give a quantity such as 1 or 512Mi")
     return text
+
+
+def _share(quantity: str, field: str, percent: int) -> str:
+    """`percent` of a quantity, rounded up to a whole millicore or MiB (at least one);
+    the quantity itself at 100."""
+    if percent == 100:  # noqa: PLR2004
+        return quantity
+    try:
+        amount = parse_quantity(quantity)  # type: ignore[no-untyped-call]  # the client ships no annotations here
+    except ValueError:
+        raise SandboxSpecError(
+            f"spec.resources.{field} is {quantity!r}, not a quantity: give one such as 500m or 512Mi"
+        ) from None
+    if field == "cpu":
+        return f"{max(1, math.ceil(amount * 1000 * percent / 100))}m"
+    return f"{max(1, math.ceil(amount * percent / 100 / 2**20))}Mi"
 
 
 def spec_hash(sandbox: Mapping[str, Any]) -> str:
@@ -172,15 +204,19 @@ def pod_for(
     resources = spec.get("resources") or {}
     cpu = _quantity(resources.get("cpu"), "cpu", options.default_cpu)
     memory = _quantity(resources.get("memory"), "memory", options.default_memory)
-    # requests == limits: the Guaranteed QoS class, so a sandbox is never the first
-    # evicted for using what it was promised and never takes more than that.
+    # The size is the limit: a sandbox never takes more than that. What it reserves is the
+    # deployment's share of it (PodOptions).
     amounts = {"cpu": cpu, "memory": memory}
+    requests = {
+        "cpu": _share(cpu, "cpu", options.cpu_request_percent),
+        "memory": _share(memory, "memory", options.memory_request_percent),
+    }
 
     container: Obj = {
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": options.image_pull_policy,
-        "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+        "resources": {"requests": requests, "limits": dict(amounts)},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "privileged": False,
@@ -260,3 +296,17 @@ def controller_uid(pod: Mapping[str, Any]) -> str | None:
         ):
             return str(ref.get("uid"))
     return None
+
+
+def add_request_arguments(parser: Any) -> None:
+    """--cpu-request-percent and --memory-request-percent, for every command that runs the
+    controller."""
+    for kind in ("cpu", "memory"):
+        parser.add_argument(
+            f"--{kind}-request-percent",
+            type=int,
+            choices=range(1, 101),
+            metavar="1..100",
+            default=100,
+            help=f"controller: the share of a sandbox's {kind} its pod reserves (100: all of it)",
+        )

@@ -47,6 +47,18 @@ class WaitTimeout(WarrenError):  # noqa: N818 (a WarrenError like the others)
         super().__init__(0, "timeout", message)
 
 
+class CannotStart(WarrenError):  # noqa: N818 (a WarrenError like the others)
+    """The sandbox's pod cannot start as asked: its image is missing where nothing is
+    pulled, or no node has had room for it for a while. The message is the cluster's."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "cannot_start", message)
+
+
+# Waiting reasons no amount of waiting fixes (the node never pulls; the name cannot parse).
+HOPELESS_REASONS = frozenset({"ErrImageNeverPull", "InvalidImageName"})
+
+
 def _time(value: Any) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else None
 
@@ -100,10 +112,14 @@ class Sandbox:
     @property
     def reason(self) -> str:
         """What the Ready condition says, for progress output."""
-        for condition in self.conditions:
-            if condition.type == "Ready":
-                return f"{condition.reason}: {condition.message}" if condition.message else condition.reason
-        return ""
+        ready = self.ready_condition
+        if ready is None:
+            return ""
+        return f"{ready.reason}: {ready.message}" if ready.message else ready.reason
+
+    @property
+    def ready_condition(self) -> Condition | None:
+        return next((c for c in self.conditions if c.type == "Ready"), None)
 
 
 @dataclass(frozen=True)
@@ -399,13 +415,17 @@ class Client:
         progress: Callable[[Sandbox], None] | None = None,
         *,
         interval: float = 1.0,
+        unschedulable_for: float | None = 60.0,
     ) -> Sandbox:
         """Poll until the sandbox is in `phase`; `progress` sees every state it passes
         through (once per change). Raises WarrenError `failed` if it fails instead, and
-        WaitTimeout after `timeout` seconds. Waiting for "Deleted" ends when the sandbox
-        is gone."""
+        WaitTimeout after `timeout` seconds. Waiting for "Running" ends with CannotStart,
+        naming the cluster's reason, as soon as the pod's image cannot be had, or once no
+        node had room for it for `unschedulable_for` seconds (None: wait for room until
+        the timeout). Waiting for "Deleted" ends when the sandbox is gone."""
         deadline = time.monotonic() + timeout
         last: tuple[str, str] | None = None
+        unschedulable_since: float | None = None
         while True:
             try:
                 sandbox = self.get(sandbox_id)
@@ -421,6 +441,22 @@ class Client:
                 return sandbox
             if sandbox.phase == "Failed" and phase != "Failed":
                 raise WarrenError(200, "failed", sandbox.reason or "the sandbox failed")
+            ready = sandbox.ready_condition
+            why = ready.reason if ready is not None and sandbox.phase == "Pending" else ""
+            if phase == "Running" and why in HOPELESS_REASONS:
+                raise CannotStart(f"{sandbox_id} cannot start: {sandbox.reason}")
+            now = time.monotonic()
+            unschedulable_since = (unschedulable_since or now) if why == "Unschedulable" else None
+            if (
+                phase == "Running"
+                and unschedulable_since is not None
+                and unschedulable_for is not None
+                and now - unschedulable_since >= unschedulable_for
+            ):
+                raise CannotStart(
+                    f"{sandbox_id} found no node with room for {now - unschedulable_since:.0f} s: "
+                    f"{sandbox.reason} (ask for less CPU or memory, or free some)"
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WaitTimeout(f"{sandbox_id} is {sandbox.phase} after {timeout:.0f} s, not {phase}")
