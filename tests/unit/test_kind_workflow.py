@@ -101,9 +101,21 @@ def test_kind_renders_the_local_tiers_objects_but_for_the_host_specific_settings
     for key in HOST_SPECIFIC:
         _set(aligned, key, _get(kind.model_dump(), key))
     assert render(parse_config(aligned)) == render(kind)
-    # Even before aligning them, both make the same objects: the host shows in what they say.
-    identity = [[(o["kind"], o["metadata"]["name"]) for o in render(c)] for c in (kind, local)]
-    assert identity[0] == identity[1]
+    # Even before aligning them, both make the same objects: the host shows in what they say,
+    # and the install Job's name in the warren-control digest that only the local tier pins.
+    pinned = local.services.install_job
+    assert pinned.startswith(kind.services.install_job + "-")
+
+    def identity(config: WarrenConfig) -> list[tuple[str, str]]:
+        return [
+            (
+                o["kind"],
+                kind.services.install_job if o["metadata"]["name"] == pinned else o["metadata"]["name"],
+            )
+            for o in render(config)
+        ]
+
+    assert identity(kind) == identity(local)
 
 
 @pytest.mark.parametrize(
