@@ -195,7 +195,7 @@ pulumi-unit: $(PULUMI)/.venv/.installed
 # their own: both paths must make identical objects. Also the policy pack under the real CLI
 # (test_policy_pack.py, no cluster): `pulumi preview --policy-pack policy/analyzer` refuses
 # violating objects and passes compliant ones and the local stack.
-# The main environment runs ansible-playbook and warren. Not in `test` yet.
+# The main environment runs ansible-playbook and warren.
 .PHONY: pulumi-test
 pulumi-test: venv $(PULUMI)/.venv/.installed
 	pulumi_bin=$$(tools/build-pulumi.sh); cluster_bin=$$(tools/build-cluster-binaries.sh); \

@@ -643,15 +643,22 @@ def image_build(  # noqa: PLR0917 (click passes every option by position)
         click.echo(json.dumps({"changed": bool(imported), "imported": imported, "digests": digests}))
 
 
-@image.command("import")
-@click.argument("archives", nargs=-1, type=click.Path(path_type=Path, dir_okay=False, exists=True))
-@click.option(
+# `warren image import` and `push` take either archives or the bundle's service images.
+archives_argument = click.argument(
+    "archives", nargs=-1, type=click.Path(path_type=Path, dir_okay=False, exists=True)
+)
+bundle_images_option = click.option(
     "--bundle",
     "bundle_dir",
     type=click.Path(path_type=Path, file_okay=False),
     help="Instead of ARCHIVES: the service images the configuration's workloads run, from this "
-    "extracted bundle (each checked against the digest its manifest pins).",
+    "extracted bundle.",
 )
+
+
+@image.command("import")
+@archives_argument
+@bundle_images_option
 @config_option
 @click.option(
     "--containerd",
@@ -673,7 +680,8 @@ def image_import(  # noqa: PLR0917 (click passes every option by position)
     as_json: bool,
 ) -> None:
     """Import OCI image archives into a node's containerd (with `ctr` from --bin-dir), only
-    those it does not hold with the same digest, each also named by its digest so that
+    those it does not hold with the same digest (a bundle's checked against the digests its
+    manifest pins), each also named by its digest so that
     workloads pinned by digest find it without a registry."""
     import json
 
@@ -717,14 +725,8 @@ def image_import(  # noqa: PLR0917 (click passes every option by position)
 
 
 @image.command("push")
-@click.argument("archives", nargs=-1, type=click.Path(path_type=Path, dir_okay=False, exists=True))
-@click.option(
-    "--bundle",
-    "bundle_dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Instead of ARCHIVES: the service images the configuration's workloads run, from this "
-    "extracted bundle.",
-)
+@archives_argument
+@bundle_images_option
 @config_option
 @click.option(
     "--registry",

@@ -9,6 +9,18 @@ import pytest
 
 from warren.config import ClusterConfig, load_config
 
+# The local cluster's own processes under Warren's supervisor: all that runs on the host
+# (Warren's services are pods).
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "containerd",
+    "kubelet",
+    "kube-proxy",
+)
+
 
 @pytest.fixture(scope="module")
 def env() -> dict[str, str]:

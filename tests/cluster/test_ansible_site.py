@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import testinfra
+from conftest import COMPONENTS
 
 from warren.controlplane.local import layout as control_layout
 from warren.workspaces.local import blockd_env
@@ -106,15 +107,7 @@ def test_check_mode_finds_nothing_to_change(env: dict[str, str], state: Path) ->
 def test_the_host_keeps_only_the_cluster_and_private_records(host: Any, state: Path) -> None:
     """Warren's services are pods: the host supervises only the cluster's own processes, and
     keeps only where the API answers and its first key, readable by root alone."""
-    assert set(processes(state)) == {
-        "etcd",
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-scheduler",
-        "containerd",
-        "kubelet",
-        "kube-proxy",
-    }
+    assert set(processes(state)) == set(COMPONENTS)
     records = control_layout(state)
     assert host.file(str(records.root)).mode == 0o700
     for private in (records.api_key, records.url):

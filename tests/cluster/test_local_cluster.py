@@ -14,18 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import COMPONENTS
 
 pytestmark = pytest.mark.cluster
-
-COMPONENTS = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "containerd",
-    "kubelet",
-    "kube-proxy",
-)
 
 
 @pytest.fixture(scope="module")

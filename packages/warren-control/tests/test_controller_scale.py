@@ -1,4 +1,4 @@
-"""Scale (issue 5): 1,000 simulated nodes and 5,000 Sandboxes reconciled to Running, each
+"""Scale: 1,000 simulated nodes and 5,000 Sandboxes reconciled to Running, each
 into exactly one pod, and all of them deleted again through the finalizer. The nodes are
 kwok's (tests/kwok_cluster.py); the controller is the real one, as a subprocess with its
 own ServiceAccount. tests/run-scale.sh runs this; WARREN_SCALE_NODES and

@@ -1,4 +1,4 @@
-"""Boot, snapshot and branch with real QEMU: the acceptance mechanics of issue 7."""
+"""Boot, snapshot and branch with real QEMU: the mechanics the daemon is built on."""
 
 from __future__ import annotations
 

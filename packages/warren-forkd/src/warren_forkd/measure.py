@@ -1,4 +1,4 @@
-"""The numbers of issue 7: cold boot, snapshot, branch N, memory; with the acceptance ratios.
+"""What forkd is measured by: cold boot, snapshot, branch N, memory, with their ratios.
 
 Measured in-process (no daemon in the way), so the figures are forkd's mechanics alone.
 """
