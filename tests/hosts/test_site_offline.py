@@ -389,6 +389,20 @@ def test_rotated_database_credentials_update_the_secret_and_restart_its_readers(
     assert {host: counts["changed"] for host, counts in again.recap().items()} == dict.fromkeys(HOSTS, 0)
 
 
+def test_every_unit_site_wrote_passes_systemds_verifier(lab: Lab) -> None:
+    """The sample's hosts run Warren's host services under systemd (the lab, with no init,
+    runs the same units under Warren's supervisor): each unit site.yml wrote passes systemd's
+    own verifier on its host, where its commands, users and directories must exist."""
+    verified = []
+    for name, host in lab.hosts.items():
+        for unit in host.shell("ls /etc/systemd/system/warren-*.service").stdout.split():
+            done = host.run(["systemd-analyze", "verify", unit])
+            assert done.returncode == 0 and not done.stderr.strip(), (name, unit, done.stderr)
+            verified.append(Path(unit).name)
+    # The stores on their hosts and warren-forkd on the KVM host; nothing else is a host service.
+    assert sorted(verified) == ["warren-forkd.service", "warren-objects.service", "warren-postgres.service"]
+
+
 # -- warren-forkd ----------------------------------------------------------------------------
 
 
