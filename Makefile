@@ -119,8 +119,8 @@ exit $$failed
 endef
 
 lint: venv
-	$(BIN)/ruff check src tests packages bench components infra policy
-	$(BIN)/ruff format --check src tests packages bench components infra policy
+	$(BIN)/ruff check src tests packages bench components infra policy agent
+	$(BIN)/ruff format --check src tests packages bench components infra policy agent
 	$(BIN)/mypy
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint
 
@@ -154,6 +154,23 @@ $(FORKD)/.venv/.installed: $(FORKD)/pyproject.toml
 .PHONY: forkd
 forkd: $(FORKD)/.venv/.installed
 	cd $(FORKD) && .venv/bin/mypy && .venv/bin/pytest
+
+# The in-sandbox agent (agent/, Go, standard library only): a static binary speaking E2B's
+# envd protocol. Its Go tests, then the pinned E2B SDK driving the built binary on a loopback
+# port (agent/.venv from agent/requirements.txt). Not in `make test` yet.
+AGENT := agent
+AGENT_GO := GOMODCACHE=$(WARREN_CACHE)/go/mod GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
+
+$(AGENT)/.venv/.installed: $(AGENT)/requirements.txt
+	$(PYTHON) -m venv $(AGENT)/.venv
+	$(AGENT)/.venv/bin/pip install --quiet -r $(AGENT)/requirements.txt
+	touch $@
+
+.PHONY: agent
+agent: $(AGENT)/.venv/.installed
+	cd $(AGENT) && $(AGENT_GO) go vet ./... && $(AGENT_GO) go test ./...
+	cd $(AGENT) && $(AGENT_GO) go build -trimpath -ldflags "-s -w" -o bin/agent .
+	cd $(AGENT) && WARREN_AGENT_BIN=$(CURDIR)/$(AGENT)/bin/agent .venv/bin/pytest
 
 $(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml
 	$(PYTHON) -m venv $(CONTROL)/.venv

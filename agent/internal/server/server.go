@@ -1,0 +1,71 @@
+// Package server puts the agent's services on one handler: the Connect services
+// process.Process and filesystem.Filesystem, GET /health and /files, every route
+// but /health behind the access token when the agent has one.
+package server
+
+import (
+	"crypto/subtle"
+	"net/http"
+	"strings"
+
+	"warren.dev/agent/internal/fsys"
+	"warren.dev/agent/internal/identity"
+	"warren.dev/agent/internal/proc"
+	"warren.dev/agent/internal/rpc"
+)
+
+// TokenHeader carries the access token on every call.
+const TokenHeader = "X-Access-Token"
+
+// Config is what the handler needs.
+type Config struct {
+	// AccessToken, when not empty, is required on every call but /health.
+	AccessToken string
+	Self        *identity.User
+}
+
+// New returns the agent's handler.
+func New(cfg Config) http.Handler {
+	mux := http.NewServeMux()
+	(&proc.Service{Procs: proc.NewManager(), Self: cfg.Self}).Register(mux)
+	(&fsys.Service{Self: cfg.Self}).Register(mux)
+	mux.Handle("/files", &fsys.Files{Self: cfg.Self})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if isRPC(r.URL.Path) {
+			rpc.WriteError(w, rpc.Errorf(rpc.Unimplemented, "%s is not a method this agent serves", r.URL.Path))
+			return
+		}
+		fsys.WriteHTTPError(w, http.StatusNotFound, "%s %s: no such route (the agent serves /health, /files and its Connect services)", r.Method, r.URL.Path)
+	})
+
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			if r.Method != http.MethodGet && r.Method != http.MethodHead {
+				fsys.WriteHTTPError(w, http.StatusMethodNotAllowed, "%s /health: use GET", r.Method)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		if cfg.AccessToken != "" && !tokenMatches(r.Header.Get(TokenHeader), cfg.AccessToken) {
+			const msg = "missing or wrong " + TokenHeader + " header: send the sandbox's access token"
+			if isRPC(r.URL.Path) {
+				rpc.WriteError(w, rpc.Errorf(rpc.Unauthenticated, "%s", msg))
+			} else {
+				fsys.WriteHTTPError(w, http.StatusUnauthorized, "%s", msg)
+			}
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func tokenMatches(got, want string) bool {
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+// isRPC tells a Connect call (/<package.Service>/<Method>) from a plain HTTP route.
+func isRPC(path string) bool {
+	first, _, found := strings.Cut(strings.TrimPrefix(path, "/"), "/")
+	return found && strings.Contains(first, ".")
+}

@@ -1,0 +1,78 @@
+// Command agent is Warren's in-sandbox agent. It serves, on one TCP port, the
+// process and filesystem Connect services and the /health and /files HTTP
+// routes of E2B's envd, so E2B's SDKs drive a Warren sandbox unchanged.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"warren.dev/agent/internal/identity"
+	"warren.dev/agent/internal/server"
+)
+
+// tokenEnv names the environment variable that may carry the access token,
+// so it need not appear in the process list.
+const tokenEnv = "WARREN_AGENT_ACCESS_TOKEN"
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	listen := flag.String("listen", "", "address to listen on (default: all interfaces, -port)")
+	port := flag.Int("port", 49983, "TCP port to serve on (envd's)")
+	token := flag.String("access-token", "", "require this X-Access-Token on every call but /health (default: $"+tokenEnv+")")
+	flag.Parse()
+	if *token == "" {
+		*token = os.Getenv(tokenEnv)
+	}
+	addr := *listen
+	if addr == "" {
+		addr = fmt.Sprintf(":%d", *port)
+	}
+	self, err := identity.Self()
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true) // the SDK speaks HTTP/2 without TLS by default
+	srv := &http.Server{
+		Handler:           server.New(server.Config{AccessToken: *token, Self: self}),
+		Protocols:         protocols,
+		ReadHeaderTimeout: 30 * time.Second,
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w (is another agent running? pick another -port)", addr, err)
+	}
+	log.Info("serving", "address", ln.Addr().String(), "user", self.Name, "token_required", *token != "")
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
