@@ -223,7 +223,10 @@ func (s *Stream[Res]) end(err error) {
 func readEnvelope(r io.Reader) (flags byte, payload []byte, err error) {
 	var head [5]byte
 	if _, err := io.ReadFull(r, head[:]); err != nil {
-		return 0, nil, err
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return 0, nil, Errorf(InvalidArgument, "the request envelope is truncated: send 5 header bytes then the message")
+		}
+		return 0, nil, err // io.EOF: no more messages
 	}
 	n := binary.BigEndian.Uint32(head[1:])
 	if n > maxMessage {
@@ -256,6 +259,9 @@ func ServerStream[Req, Res any](h func(ctx context.Context, r *http.Request, req
 		w.Header().Set("Content-Type", "application/connect+json")
 		s := &Stream[Res]{w: w, rc: http.NewResponseController(w)}
 		flags, payload, err := readEnvelope(r.Body)
+		if errors.Is(err, io.EOF) {
+			err = Errorf(InvalidArgument, "the request has no message: send one enveloped request")
+		}
 		if err == nil && flags&flagCompress != 0 {
 			err = Errorf(Unimplemented, "a compressed request message: send it uncompressed")
 		}
