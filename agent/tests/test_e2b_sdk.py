@@ -23,9 +23,10 @@ import pytest
 from e2b.api.client_sync import get_envd_api
 from e2b.connection_config import ConnectionConfig
 from e2b.exceptions import AuthenticationException, NotFoundException
-from e2b.sandbox.commands.command_handle import CommandExitException
+from e2b.sandbox.commands.command_handle import CommandExitException, PtySize
 from e2b.sandbox.filesystem.filesystem import FileType
 from e2b.sandbox_sync.commands.command import Commands
+from e2b.sandbox_sync.commands.pty import Pty
 from e2b.sandbox_sync.filesystem.filesystem import Filesystem
 from packaging.version import Version
 
@@ -185,12 +186,45 @@ def test_stdin_then_close(commands: Commands) -> None:
     assert handle.wait().stdout == "line one\nline two\ndone\n"
 
 
+def test_stream_input(commands: Commands) -> None:
+    handle = commands.run("cat", background=True, stdin=True)
+    commands.stream_input(handle.pid, iter(["chunk one, ", b"chunk two\n"]))
+    commands.close_stdin(handle.pid)
+    assert handle.wait().stdout == "chunk one, chunk two\n"
+
+
+def test_stdin_to_a_missing_process_is_not_found(commands: Commands) -> None:
+    with pytest.raises(NotFoundException):
+        commands.send_stdin(2**31 - 1, "x")
+
+
 def test_large_output_arrives_whole(commands: Commands) -> None:
     size = 5 * 1024 * 1024
     result = commands.run(f"head -c {size} /dev/zero | tr '\\0' 'x'; echo; seq 1 20000 >&2")
     assert len(result.stdout) == size + 1
     assert set(result.stdout.strip()) == {"x"}
     assert result.stderr.splitlines()[-1] == "20000"
+
+
+def test_pty_runs_an_interactive_shell_and_resizes(agent: Agent) -> None:
+    config = _config(agent.token)
+    pty = Pty(agent.url, config, ENVD_VERSION, get_envd_api(config, agent.url))
+    handle = pty.create(PtySize(rows=24, cols=80))
+    pty.send_stdin(handle.pid, b"stty size; tty\n")
+    output = bytearray()
+    resized = False
+    for _, _, chunk in handle:
+        output.extend(chunk or b"")
+        if not resized and b"24 80" in output:  # the shell has answered at the first size
+            pty.resize(handle.pid, PtySize(rows=40, cols=100))
+            pty.send_stdin(handle.pid, b"stty size; exit 3\n")
+            resized = True
+    with pytest.raises(CommandExitException) as exited:
+        handle.wait()
+    assert exited.value.exit_code == 3
+    text = output.decode()
+    assert "40 100" in text.split("24 80", 1)[1]
+    assert "/dev/pts/" in text
 
 
 # Files

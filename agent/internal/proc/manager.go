@@ -42,6 +42,7 @@ type Process struct {
 	cmd     *exec.Cmd
 	stdinMu sync.Mutex
 	stdin   io.WriteCloser // nil: started without stdin, or closed
+	pty     *os.File       // the terminal's master side, for a process started with a PTY
 
 	mu       sync.Mutex
 	subs     map[*subscriber]struct{}
@@ -60,9 +61,6 @@ func NewManager() *Manager { return &Manager{procs: map[uint32]*Process{}} }
 func (m *Manager) Start(req *StartRequest, user *identity.User) (*Process, *subscriber, error) {
 	if req.Process == nil || req.Process.Cmd == "" {
 		return nil, nil, rpc.Errorf(rpc.InvalidArgument, "process.cmd is empty: name the program to run")
-	}
-	if req.PTY != nil {
-		return nil, nil, rpc.Errorf(rpc.Unimplemented, "a PTY is not supported by this agent yet: run the command without one")
 	}
 	if req.Tag != nil {
 		if _, err := m.find(&ProcessSelector{Tag: req.Tag}); err == nil {
@@ -88,31 +86,59 @@ func (m *Manager) Start(req *StartRequest, user *identity.User) (*Process, *subs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: user.Credential()}
 
 	p := &Process{Config: cfg, Tag: req.Tag, cmd: cmd, subs: map[*subscriber]struct{}{}}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return nil, nil, fmt.Errorf("making the stdout pipe: %w", err)
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return nil, nil, fmt.Errorf("making the stderr pipe: %w", err)
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
-	if req.Stdin == nil || *req.Stdin { // unset means true, as envd keeps it for old SDKs
-		if p.stdin, err = cmd.StdinPipe(); err != nil {
-			return nil, nil, fmt.Errorf("making the stdin pipe: %w", err)
+	var outputs []*os.File // what the agent reads: stdout and stderr, or the terminal
+	var wraps []func([]byte) *DataEvent
+	var childEnds []*os.File // closed in the agent once the child has them
+	if req.PTY != nil {
+		master, slave, err := openPTY()
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := resize(master, req.PTY.Size); err != nil {
+			master.Close()
+			slave.Close()
+			return nil, nil, fmt.Errorf("sizing the PTY: %w", err)
+		}
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+		// A session of its own with the terminal as its controlling one (and so
+		// its own process group, which signals go to).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: user.Credential()}
+		p.pty = master
+		outputs, childEnds = []*os.File{master}, []*os.File{slave}
+		wraps = []func([]byte) *DataEvent{func(b []byte) *DataEvent { return &DataEvent{PTY: b} }}
+	} else {
+		outR, outW, err := os.Pipe()
+		if err != nil {
+			return nil, nil, fmt.Errorf("making the stdout pipe: %w", err)
+		}
+		errR, errW, err := os.Pipe()
+		if err != nil {
+			outR.Close()
+			outW.Close()
+			return nil, nil, fmt.Errorf("making the stderr pipe: %w", err)
+		}
+		cmd.Stdout, cmd.Stderr = outW, errW
+		outputs, childEnds = []*os.File{outR, errR}, []*os.File{outW, errW}
+		wraps = []func([]byte) *DataEvent{
+			func(b []byte) *DataEvent { return &DataEvent{Stdout: b} },
+			func(b []byte) *DataEvent { return &DataEvent{Stderr: b} },
+		}
+		if req.Stdin == nil || *req.Stdin { // unset means true, as envd keeps it for old SDKs
+			if p.stdin, err = cmd.StdinPipe(); err != nil {
+				return nil, nil, fmt.Errorf("making the stdin pipe: %w", err)
+			}
 		}
 	}
 	sub := p.subscribe()
 	if err := cmd.Start(); err != nil {
-		for _, f := range []*os.File{outR, outW, errR, errW} {
+		for _, f := range append(outputs, childEnds...) {
 			f.Close()
 		}
 		return nil, nil, rpc.Errorf(rpc.InvalidArgument, "starting %s: %v", cfg.Cmd, err)
 	}
-	outW.Close()
-	errW.Close()
+	for _, f := range childEnds {
+		f.Close()
+	}
 	p.Pid = uint32(cmd.Process.Pid)
 
 	m.mu.Lock()
@@ -120,9 +146,10 @@ func (m *Manager) Start(req *StartRequest, user *identity.User) (*Process, *subs
 	m.mu.Unlock()
 
 	var readers sync.WaitGroup
-	readers.Add(2)
-	go p.pump(outR, func(b []byte) *DataEvent { return &DataEvent{Stdout: b} }, &readers)
-	go p.pump(errR, func(b []byte) *DataEvent { return &DataEvent{Stderr: b} }, &readers)
+	readers.Add(len(outputs))
+	for i, f := range outputs {
+		go p.pump(f, wraps[i], &readers)
+	}
 	go func() {
 		waitErr := cmd.Wait()
 		drained := make(chan struct{})
@@ -130,8 +157,9 @@ func (m *Manager) Start(req *StartRequest, user *identity.User) (*Process, *subs
 		select {
 		case <-drained:
 		case <-time.After(outputGrace):
-			outR.Close()
-			errR.Close()
+			for _, f := range outputs {
+				f.Close()
+			}
 			<-drained
 		}
 		m.mu.Lock()
@@ -322,11 +350,17 @@ func (m *Manager) Signal(sel *ProcessSelector, sig Signal) error {
 	return nil
 }
 
-// WriteStdin writes to the process's stdin.
+// WriteStdin writes to the process's stdin, or to its terminal when it has one.
 func (m *Manager) WriteStdin(sel *ProcessSelector, data []byte) error {
 	p, err := m.find(sel)
 	if err != nil {
 		return err
+	}
+	if p.pty != nil {
+		if _, err := p.pty.Write(data); err != nil {
+			return rpc.Errorf(rpc.FailedPrecondition, "writing to the terminal of process %d: %v", p.Pid, err)
+		}
+		return nil
 	}
 	p.stdinMu.Lock()
 	defer p.stdinMu.Unlock()
@@ -345,6 +379,9 @@ func (m *Manager) CloseStdin(sel *ProcessSelector) error {
 	if err != nil {
 		return err
 	}
+	if p.pty != nil {
+		return rpc.Errorf(rpc.FailedPrecondition, "process %d reads a terminal, not a pipe: send Ctrl-D (\\x04) as its input to end it", p.Pid)
+	}
 	p.stdinMu.Lock()
 	defer p.stdinMu.Unlock()
 	if p.stdin == nil {
@@ -362,4 +399,22 @@ func (m *Manager) Attach(sel *ProcessSelector) (*Process, *subscriber, error) {
 		return nil, nil, err
 	}
 	return p, p.subscribe(), nil
+}
+
+// Resize sets the size of a process's terminal.
+func (m *Manager) Resize(sel *ProcessSelector, pty *PTY) error {
+	p, err := m.find(sel)
+	if err != nil {
+		return err
+	}
+	if p.pty == nil {
+		return rpc.Errorf(rpc.FailedPrecondition, "process %d has no terminal to resize: start it with a PTY", p.Pid)
+	}
+	if pty == nil || pty.Size == nil {
+		return rpc.Errorf(rpc.InvalidArgument, "pty.size is missing: give the rows and cols")
+	}
+	if err := resize(p.pty, pty.Size); err != nil {
+		return fmt.Errorf("resizing the terminal of process %d: %w", p.Pid, err)
+	}
+	return nil
 }

@@ -98,7 +98,7 @@ func stdinOf(in *ProcessInput) ([]byte, error) {
 		return nil, rpc.Errorf(rpc.InvalidArgument, "input is empty: send stdin bytes")
 	}
 	if in.PTY != nil {
-		return nil, rpc.Errorf(rpc.Unimplemented, "PTY input is not supported by this agent yet: send stdin")
+		return in.PTY, nil
 	}
 	return in.Stdin, nil
 }
@@ -148,8 +148,5 @@ func (s *Service) sendSignal(_ context.Context, _ *http.Request, req *SendSignal
 }
 
 func (s *Service) update(_ context.Context, _ *http.Request, req *UpdateRequest) (*UpdateResponse, error) {
-	if _, err := s.Procs.find(req.Process); err != nil {
-		return nil, err
-	}
-	return nil, rpc.Errorf(rpc.Unimplemented, "resizing a PTY is not supported by this agent yet: processes run without one")
+	return &UpdateResponse{}, s.Procs.Resize(req.Process, req.PTY)
 }

@@ -73,7 +73,7 @@ func (a *agent) unary(method string, req any, into any) int {
 type event struct {
 	Event struct {
 		Start *struct{ Pid uint32 }
-		Data  *struct{ Stdout, Stderr []byte }
+		Data  *struct{ Stdout, Stderr, Pty []byte }
 		End   *struct {
 			ExitCode int32
 			Exited   bool
@@ -126,7 +126,7 @@ func collect(t *testing.T, next func() (byte, *event)) (pid uint32, stdout, stde
 		case e.Start != nil:
 			pid = e.Start.Pid
 		case e.Data != nil:
-			stdout += string(e.Data.Stdout)
+			stdout += string(e.Data.Stdout) + string(e.Data.Pty)
 			stderr += string(e.Data.Stderr)
 		case e.End != nil:
 			end = ev
@@ -332,4 +332,40 @@ func TestUploadAndDownload(t *testing.T) {
 	if res := a.do(http.MethodGet, "/files?path=one", "", nil, true); res.StatusCode != 400 {
 		t.Fatalf("download of a directory: %d, want 400", res.StatusCode)
 	}
+}
+
+func TestPTYStartInputAndResize(t *testing.T) {
+	a := start(t)
+	next := a.stream("process.Process/Start", map[string]any{
+		"process": map[string]any{"cmd": "/bin/sh", "args": []string{"-c", "read line; stty size; tty; echo got $line"}},
+		"pty":     map[string]any{"size": map[string]int{"rows": 24, "cols": 80}},
+	})
+	_, first := next()
+	pid := first.Event.Start.Pid
+	sel := map[string]any{"pid": pid}
+	var body map[string]any
+	if code := a.unary("process.Process/Update", map[string]any{"process": sel, "pty": map[string]any{"size": map[string]int{"rows": 50, "cols": 132}}}, &body); code != 200 {
+		t.Fatalf("Update: %d %v", code, body)
+	}
+	input := base64.StdEncoding.EncodeToString([]byte("typed\n"))
+	if code := a.unary("process.Process/SendInput", map[string]any{"process": sel, "input": map[string]string{"pty": input}}, &body); code != 200 {
+		t.Fatalf("SendInput: %d %v", code, body)
+	}
+	_, out, _, end := collect(t, next)
+	for _, want := range []string{"50 132", "/dev/pts/", "got typed"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("terminal output %q lacks %q", out, want)
+		}
+	}
+	if end.Event.End.ExitCode != 0 {
+		t.Fatalf("end %+v", end.Event.End)
+	}
+
+	plain := a.stream("process.Process/Start", map[string]any{"process": map[string]any{"cmd": "sleep", "args": []string{"5"}}})
+	_, first = plain()
+	var errBody struct{ Code string }
+	if code := a.unary("process.Process/Update", map[string]any{"process": map[string]any{"pid": first.Event.Start.Pid}, "pty": map[string]any{"size": map[string]int{"rows": 1, "cols": 1}}}, &errBody); code != 400 || errBody.Code != "failed_precondition" {
+		t.Fatalf("resizing a process without a terminal: %d %+v", code, errBody)
+	}
+	a.unary("process.Process/SendSignal", map[string]any{"process": map[string]any{"pid": first.Event.Start.Pid}, "signal": "SIGNAL_SIGTERM"}, &body)
 }
