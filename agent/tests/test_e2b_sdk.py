@@ -22,9 +22,12 @@ import httpx
 import pytest
 from e2b.api.client_sync import get_envd_api
 from e2b.connection_config import ConnectionConfig
+from e2b.envd.client_sync import create_rpc_client
+from e2b.envd.filesystem import filesystem_connect, filesystem_pb
 from e2b.exceptions import AuthenticationException, NotFoundException
 from e2b.sandbox.commands.command_handle import CommandExitException, PtySize
 from e2b.sandbox.filesystem.filesystem import FileType
+from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 from e2b.sandbox_sync.commands.command import Commands
 from e2b.sandbox_sync.commands.pty import Pty
 from e2b.sandbox_sync.filesystem.filesystem import Filesystem
@@ -345,6 +348,47 @@ def test_remove(files: Filesystem, workdir: Path) -> None:
     files.remove(str(workdir / "single.txt"))
     assert not (workdir / "tree").exists()
     assert not (workdir / "single.txt").exists()
+
+
+def test_watch_dir_polled(files: Filesystem, workdir: Path) -> None:
+    handle = files.watch_dir(str(workdir), recursive=True, include_entry=True)
+    try:
+        (workdir / "sub").mkdir()
+        (workdir / "sub" / "inner.txt").write_text("x")  # inside a directory made after the watch began
+        (workdir / "top.txt").write_text("y")
+        (workdir / "top.txt").unlink()
+        seen: list[tuple[str, FilesystemEventType]] = []
+        deadline = time.monotonic() + 10
+        while ("top.txt", FilesystemEventType.REMOVE) not in seen and time.monotonic() < deadline:
+            seen += [(e.name, e.type) for e in handle.get_new_events()]
+            time.sleep(0.05)
+    finally:
+        handle.stop()
+    assert ("sub", FilesystemEventType.CREATE) in seen
+    assert ("sub/inner.txt", FilesystemEventType.CREATE) in seen
+    assert ("sub/inner.txt", FilesystemEventType.WRITE) in seen
+    assert ("top.txt", FilesystemEventType.REMOVE) in seen
+    with pytest.raises(Exception, match="not found"):
+        handle._rpc.remove_watcher(filesystem_pb.RemoveWatcherRequest(watcher_id=handle._watcher_id))
+
+
+def test_watch_dir_streamed(agent: Agent, workdir: Path) -> None:
+    """WatchDir, the streaming call the async SDK uses, through the SDK's generated client."""
+    rpc = create_rpc_client(filesystem_connect.FilesystemClientSync, agent.url, _config(agent.token))
+    stream = rpc.watch_dir(filesystem_pb.WatchDirRequest(path=str(workdir), include_entry=True))
+    try:
+        first = next(stream)
+        assert first.event is not None
+        assert first.event.field == "start"
+        (workdir / "new.txt").write_text("hello")
+        event = next(stream)
+        assert event.event is not None
+        assert event.event.field == "filesystem"
+        assert event.event.value.name == "new.txt"
+        assert event.event.value.type == filesystem_pb.EventType.CREATE
+        assert event.event.value.entry.path == str(workdir / "new.txt")
+    finally:
+        stream.close()
 
 
 # The access token

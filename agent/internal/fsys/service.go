@@ -13,7 +13,8 @@ import (
 
 // Service is filesystem.Filesystem over Connect.
 type Service struct {
-	Self *identity.User
+	Self     *identity.User
+	watchers watchers
 }
 
 // Register mounts the service's methods on a mux.
@@ -23,11 +24,10 @@ func (s *Service) Register(mux *http.ServeMux) {
 	mux.Handle("/filesystem.Filesystem/MakeDir", rpc.Unary(s.makeDir))
 	mux.Handle("/filesystem.Filesystem/Move", rpc.Unary(s.move))
 	mux.Handle("/filesystem.Filesystem/Remove", rpc.Unary(s.remove))
-	for _, m := range []string{"WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher"} {
-		mux.Handle("/filesystem.Filesystem/"+m, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			rpc.WriteError(w, rpc.Errorf(rpc.Unimplemented, "%s: watching directories is not supported by this agent yet", m))
-		}))
-	}
+	mux.Handle("/filesystem.Filesystem/WatchDir", rpc.ServerStream(s.watchDir))
+	mux.Handle("/filesystem.Filesystem/CreateWatcher", rpc.Unary(s.createWatcher))
+	mux.Handle("/filesystem.Filesystem/GetWatcherEvents", rpc.Unary(s.getWatcherEvents))
+	mux.Handle("/filesystem.Filesystem/RemoveWatcher", rpc.Unary(s.removeWatcher))
 }
 
 // resolve finds the call's user and makes its path absolute.

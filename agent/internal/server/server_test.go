@@ -369,3 +369,42 @@ func TestPTYStartInputAndResize(t *testing.T) {
 	}
 	a.unary("process.Process/SendSignal", map[string]any{"process": map[string]any{"pid": first.Event.Start.Pid}, "signal": "SIGNAL_SIGTERM"}, &body)
 }
+
+func TestWatcherCalls(t *testing.T) {
+	a := start(t)
+	var created struct{ WatcherId string }
+	if code := a.unary("filesystem.Filesystem/CreateWatcher", map[string]any{"path": a.home, "recursive": true}, &created); code != 200 || created.WatcherId == "" {
+		t.Fatalf("CreateWatcher: %d %+v", code, created)
+	}
+	if err := os.WriteFile(filepath.Join(a.home, "f.txt"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(a.home, "f.txt")); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got) < 3 && time.Now().Before(deadline) {
+		var events struct{ Events []struct{ Name, Type string } }
+		a.unary("filesystem.Filesystem/GetWatcherEvents", map[string]string{"watcherId": created.WatcherId}, &events)
+		for _, e := range events.Events {
+			got = append(got, e.Name+" "+e.Type)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	want := []string{"f.txt EVENT_TYPE_CREATE", "f.txt EVENT_TYPE_WRITE", "f.txt EVENT_TYPE_REMOVE"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("events %q, want %q", got, want)
+	}
+	var body map[string]any
+	if code := a.unary("filesystem.Filesystem/RemoveWatcher", map[string]string{"watcherId": created.WatcherId}, &body); code != 200 {
+		t.Fatalf("RemoveWatcher: %d %v", code, body)
+	}
+	var errBody struct{ Code string }
+	if code := a.unary("filesystem.Filesystem/GetWatcherEvents", map[string]string{"watcherId": created.WatcherId}, &errBody); code != 404 || errBody.Code != "not_found" {
+		t.Fatalf("a removed watcher: %d %+v", code, errBody)
+	}
+	if code := a.unary("filesystem.Filesystem/CreateWatcher", map[string]any{"path": filepath.Join(a.home, "missing")}, &errBody); code != 404 {
+		t.Fatalf("watching a missing directory: %d %+v", code, errBody)
+	}
+}
