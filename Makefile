@@ -168,6 +168,7 @@ $(AGENT)/.venv/.installed: $(AGENT)/requirements.txt
 
 .PHONY: agent
 agent: $(AGENT)/.venv/.installed
+	cd $(AGENT) && test -z "$$(gofmt -l .)" || { gofmt -l . >&2; echo "agent: run gofmt -w on these" >&2; exit 1; }
 	cd $(AGENT) && $(AGENT_GO) go vet ./... && $(AGENT_GO) go test ./...
 	cd $(AGENT) && $(AGENT_GO) go build -trimpath -ldflags "-s -w" -o bin/agent .
 	cd $(AGENT) && WARREN_AGENT_BIN=$(CURDIR)/$(AGENT)/bin/agent .venv/bin/pytest

@@ -39,6 +39,10 @@ func run() error {
 	if *token == "" {
 		*token = os.Getenv(tokenEnv)
 	}
+	// The commands the agent runs inherit its environment: the token stays out of it.
+	if err := os.Unsetenv(tokenEnv); err != nil {
+		return fmt.Errorf("removing $%s from the environment: %w", tokenEnv, err)
+	}
 	addr := *listen
 	if addr == "" {
 		addr = fmt.Sprintf(":%d", *port)

@@ -10,6 +10,7 @@ what the agent did on disk or what it answered, so a wrong wire detail fails her
 from __future__ import annotations
 
 import os
+import pwd
 import secrets
 import socket
 import subprocess
@@ -143,6 +144,25 @@ def test_envs_and_cwd(commands: Commands, workdir: Path) -> None:
         'printf "%s|%s" "$GREETING" "$(pwd)"', envs={"GREETING": "hi there"}, cwd=str(workdir)
     )
     assert result.stdout == f"hi there|{workdir}"
+
+
+def test_the_access_token_is_not_in_the_commands_environment(commands: Commands) -> None:
+    result = commands.run('echo "${WARREN_AGENT_ACCESS_TOKEN:-unset}"')
+    assert result.stdout == "unset\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs the agent to run as root")
+def test_commands_and_files_as_another_user(agent: Agent, workdir: Path) -> None:
+    commands, files = _modules(agent, agent.token)
+    result = commands.run("id -un; pwd", user="nobody")
+    assert result.stdout == "nobody\n/\n"  # nobody has no home directory: the root instead
+    workdir.chmod(0o777)
+    target = workdir / "owned" / "by-nobody.txt"
+    files.write(str(target), "mine", user="nobody")
+    assert target.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+    assert target.parent.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+    with pytest.raises(Exception, match="does not exist"):
+        commands.run("true", user="no-such-user-here")
 
 
 def test_cwd_that_does_not_exist_is_refused(commands: Commands, workdir: Path) -> None:

@@ -69,6 +69,9 @@ func (m *Manager) Start(req *StartRequest, user *identity.User) (*Process, *subs
 	}
 	cfg := *req.Process
 	dir := user.Home
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		dir = "/" // a user without a home directory (nobody's is /nonexistent) starts at the root
+	}
 	if cfg.Cwd != nil && *cfg.Cwd != "" {
 		d, err := user.Resolve(*cfg.Cwd)
 		if err != nil {
