@@ -122,21 +122,25 @@ func newWatcher(root string, recursive, includeEntry bool) (*watcher, error) {
 	}
 	w := &watcher{root: root, recursive: recursive, includeEntry: includeEntry,
 		file: os.NewFile(uintptr(fd), "inotify"), dirs: map[int32]string{}}
-	if err := w.add(root); err != nil {
+	if err := w.add(root, nil); err != nil {
 		w.file.Close()
 		return nil, err
 	}
 	return w, nil
 }
 
-// add watches a directory and, when recursive, the directories under it.
-func (w *watcher) add(dir string) error {
+// add watches a directory and, when recursive, the directories under it;
+// found is told every entry under dir (nil: not wanted).
+func (w *watcher) add(dir string, found func(path string)) error {
 	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if path == dir {
 				return statError(path, err)
 			}
 			return nil // gone or unreadable meanwhile: not watched
+		}
+		if path != dir && found != nil {
+			found(path)
 		}
 		if !d.IsDir() {
 			return nil
@@ -189,26 +193,32 @@ func (w *watcher) run(emit func(FilesystemEvent)) {
 			if raw.Mask&(syscall.IN_DELETE_SELF|syscall.IN_MOVE_SELF) != 0 && dir != w.root {
 				continue // a subdirectory's own removal also arrives from its parent
 			}
-			if w.recursive && raw.Mask&syscall.IN_ISDIR != 0 && raw.Mask&(syscall.IN_CREATE|syscall.IN_MOVED_TO) != 0 {
-				_ = w.add(path)
-			}
 			typ := eventType(raw.Mask)
-			if typ == 0 {
-				continue
+			if typ != 0 {
+				emit(w.event(path, typ))
 			}
-			name, err := filepath.Rel(w.root, path)
-			if err != nil {
-				name = path
+			if w.recursive && raw.Mask&syscall.IN_ISDIR != 0 && raw.Mask&(syscall.IN_CREATE|syscall.IN_MOVED_TO) != 0 {
+				// What was made in the new directory before its watch began is
+				// reported as created (what is made after may be reported twice).
+				_ = w.add(path, func(inner string) { emit(w.event(inner, EventCreate)) })
 			}
-			ev := FilesystemEvent{Name: name, Type: typ}
-			if w.includeEntry && typ != EventRemove && typ != EventRename {
-				if e, err := entry(path); err == nil {
-					ev.Entry = e
-				}
-			}
-			emit(ev)
 		}
 	}
+}
+
+// event names a path relative to the root and adds its entry when asked.
+func (w *watcher) event(path string, typ EventType) FilesystemEvent {
+	name, err := filepath.Rel(w.root, path)
+	if err != nil {
+		name = path
+	}
+	ev := FilesystemEvent{Name: name, Type: typ}
+	if w.includeEntry && typ != EventRemove && typ != EventRename {
+		if e, err := entry(path); err == nil {
+			ev.Entry = e
+		}
+	}
+	return ev
 }
 
 func (w *watcher) close() { w.file.Close() }
