@@ -44,9 +44,9 @@ type Process struct {
 	stdin   io.WriteCloser // nil: started without stdin, or closed
 	pty     *os.File       // the terminal's master side, for a process started with a PTY
 
-	mu       sync.Mutex
-	subs     map[*subscriber]struct{}
-	finished bool
+	mu   sync.Mutex
+	subs map[*subscriber]struct{}
+	end  *ProcessEvent // set once the process has ended and its output is read
 }
 
 // Manager is the table of running processes.
@@ -243,7 +243,8 @@ func (p *Process) subscribe() *subscriber {
 	s := &subscriber{events: make(chan *ProcessEvent, 64), gone: make(chan struct{})}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.finished {
+	if p.end != nil { // too late for output: the end alone
+		s.events <- p.end
 		close(s.events)
 		return s
 	}
@@ -280,14 +281,20 @@ func (p *Process) broadcast(ev *ProcessEvent) {
 	}
 }
 
+// finish sends the end event to every subscriber and closes their streams;
+// one that subscribes later gets the end event alone.
 func (p *Process) finish(end *EndEvent) {
-	p.broadcast(&ProcessEvent{End: end})
+	ev := &ProcessEvent{End: end}
 	p.mu.Lock()
-	p.finished = true
+	p.end = ev
 	subs := p.subs
 	p.subs = map[*subscriber]struct{}{}
 	p.mu.Unlock()
 	for s := range subs {
+		select {
+		case s.events <- ev:
+		case <-s.gone:
+		}
 		close(s.events)
 	}
 }
