@@ -89,57 +89,22 @@ func (m *Manager) Start(req *StartRequest, user *identity.User) (*Process, *subs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: user.Credential()}
 
 	p := &Process{Config: cfg, Tag: req.Tag, cmd: cmd, subs: map[*subscriber]struct{}{}}
-	var outputs []*os.File // what the agent reads: stdout and stderr, or the terminal
-	var wraps []func([]byte) *DataEvent
-	var childEnds []*os.File // closed in the agent once the child has them
+	var out *outputs
+	var err error
 	if req.PTY != nil {
-		master, slave, err := openPTY()
-		if err != nil {
-			return nil, nil, err
-		}
-		if err := resize(master, req.PTY.Size); err != nil {
-			master.Close()
-			slave.Close()
-			return nil, nil, fmt.Errorf("sizing the PTY: %w", err)
-		}
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-		// A session of its own with the terminal as its controlling one (and so
-		// its own process group, which signals go to).
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: user.Credential()}
-		p.pty = master
-		outputs, childEnds = []*os.File{master}, []*os.File{slave}
-		wraps = []func([]byte) *DataEvent{func(b []byte) *DataEvent { return &DataEvent{PTY: b} }}
+		out, err = p.attachPTY(req.PTY, user)
 	} else {
-		outR, outW, err := os.Pipe()
-		if err != nil {
-			return nil, nil, fmt.Errorf("making the stdout pipe: %w", err)
-		}
-		errR, errW, err := os.Pipe()
-		if err != nil {
-			outR.Close()
-			outW.Close()
-			return nil, nil, fmt.Errorf("making the stderr pipe: %w", err)
-		}
-		cmd.Stdout, cmd.Stderr = outW, errW
-		outputs, childEnds = []*os.File{outR, errR}, []*os.File{outW, errW}
-		wraps = []func([]byte) *DataEvent{
-			func(b []byte) *DataEvent { return &DataEvent{Stdout: b} },
-			func(b []byte) *DataEvent { return &DataEvent{Stderr: b} },
-		}
-		if req.Stdin == nil || *req.Stdin { // unset means true, as envd keeps it for old SDKs
-			if p.stdin, err = cmd.StdinPipe(); err != nil {
-				return nil, nil, fmt.Errorf("making the stdin pipe: %w", err)
-			}
-		}
+		out, err = p.attachPipes(req.Stdin == nil || *req.Stdin) // unset means true, as envd keeps it for old SDKs
+	}
+	if err != nil {
+		return nil, nil, err
 	}
 	sub := p.subscribe()
 	if err := cmd.Start(); err != nil {
-		for _, f := range append(outputs, childEnds...) {
-			f.Close()
-		}
+		out.closeAll()
 		return nil, nil, rpc.Errorf(rpc.InvalidArgument, "starting %s: %v", cfg.Cmd, err)
 	}
-	for _, f := range childEnds {
+	for _, f := range out.childEnds {
 		f.Close()
 	}
 	p.Pid = uint32(cmd.Process.Pid)
@@ -147,30 +112,99 @@ func (m *Manager) Start(req *StartRequest, user *identity.User) (*Process, *subs
 	m.mu.Lock()
 	m.procs[p.Pid] = p
 	m.mu.Unlock()
-
-	var readers sync.WaitGroup
-	readers.Add(len(outputs))
-	for i, f := range outputs {
-		go p.pump(f, wraps[i], &readers)
-	}
-	go func() {
-		waitErr := cmd.Wait()
-		drained := make(chan struct{})
-		go func() { readers.Wait(); close(drained) }()
-		select {
-		case <-drained:
-		case <-time.After(outputGrace):
-			for _, f := range outputs {
-				f.Close()
-			}
-			<-drained
-		}
-		m.mu.Lock()
-		delete(m.procs, p.Pid)
-		m.mu.Unlock()
-		p.finish(endEvent(cmd.ProcessState, waitErr))
-	}()
+	go m.reap(p, out)
 	return p, sub, nil
+}
+
+// outputs is what the agent reads from a process and what it hands the child.
+type outputs struct {
+	files     []*os.File // stdout and stderr, or the terminal
+	wraps     []func([]byte) *DataEvent
+	childEnds []*os.File // closed in the agent once the child has them
+}
+
+func (o *outputs) closeAll() {
+	for _, f := range append(o.files, o.childEnds...) {
+		f.Close()
+	}
+}
+
+// attachPTY gives the process a terminal of its own: a session of its own with
+// the terminal as its controlling one (and so its own process group, which
+// signals go to).
+func (p *Process) attachPTY(pty *PTY, user *identity.User) (*outputs, error) {
+	master, slave, err := openPTY()
+	if err != nil {
+		return nil, err
+	}
+	if err := resize(master, pty.Size); err != nil {
+		master.Close()
+		slave.Close()
+		return nil, fmt.Errorf("sizing the PTY: %w", err)
+	}
+	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = slave, slave, slave
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: user.Credential()}
+	p.pty = master
+	return &outputs{
+		files:     []*os.File{master},
+		wraps:     []func([]byte) *DataEvent{func(b []byte) *DataEvent { return &DataEvent{PTY: b} }},
+		childEnds: []*os.File{slave},
+	}, nil
+}
+
+// attachPipes gives the process pipes for stdout and stderr, and for stdin when asked.
+func (p *Process) attachPipes(stdin bool) (*outputs, error) {
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("making the stdout pipe: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, fmt.Errorf("making the stderr pipe: %w", err)
+	}
+	o := &outputs{
+		files: []*os.File{outR, errR},
+		wraps: []func([]byte) *DataEvent{
+			func(b []byte) *DataEvent { return &DataEvent{Stdout: b} },
+			func(b []byte) *DataEvent { return &DataEvent{Stderr: b} },
+		},
+		childEnds: []*os.File{outW, errW},
+	}
+	p.cmd.Stdout, p.cmd.Stderr = outW, errW
+	if stdin {
+		if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+			o.closeAll()
+			return nil, fmt.Errorf("making the stdin pipe: %w", err)
+		}
+	}
+	return o, nil
+}
+
+// reap streams the process's output until it has exited and its output is read
+// (or outputGrace after its exit), then forgets it and sends its end event.
+func (m *Manager) reap(p *Process, o *outputs) {
+	var readers sync.WaitGroup
+	readers.Add(len(o.files))
+	for i, f := range o.files {
+		go p.pump(f, o.wraps[i], &readers)
+	}
+	waitErr := p.cmd.Wait()
+	drained := make(chan struct{})
+	go func() { readers.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(outputGrace):
+		for _, f := range o.files {
+			f.Close()
+		}
+		<-drained
+	}
+	m.mu.Lock()
+	delete(m.procs, p.Pid)
+	m.mu.Unlock()
+	p.finish(endEvent(p.cmd.ProcessState, waitErr))
 }
 
 // environment is the agent's environment, the user's HOME/USER/LOGNAME, then the call's envs.

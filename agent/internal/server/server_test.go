@@ -408,3 +408,18 @@ func TestWatcherCalls(t *testing.T) {
 		t.Fatalf("watching a missing directory: %d %+v", code, errBody)
 	}
 }
+
+func TestABackgroundChildDoesNotHoldTheEndBack(t *testing.T) {
+	a := start(t)
+	began := time.Now()
+	next := a.stream("process.Process/Start", map[string]any{
+		"process": map[string]any{"cmd": "/bin/sh", "args": []string{"-c", "sleep 8 & echo started"}},
+	})
+	_, stdout, _, end := collect(t, next)
+	if took := time.Since(began); took > 5*time.Second {
+		t.Fatalf("the end event took %s: a background child holding the output pipe held it back", took)
+	}
+	if stdout != "started\n" || end == nil || end.Event.End.ExitCode != 0 {
+		t.Fatalf("stdout %q, end %+v", stdout, end)
+	}
+}
