@@ -278,6 +278,19 @@ def test_write_octet_stream_and_gzip(files: Filesystem, workdir: Path) -> None:
     assert (workdir / "zipped.txt").read_text() == "compressed " * 1000
 
 
+@pytest.mark.parametrize("octet_stream", [False, True])
+def test_file_metadata(files: Filesystem, workdir: Path, octet_stream: bool) -> None:
+    target = workdir / "tagged.txt"
+    metadata = {"owner": "alice", "stage": "draft"}
+    info = files.write(str(target), "x", metadata=metadata, use_octet_stream=octet_stream)
+    assert info.metadata == metadata
+    assert os.getxattr(target, "user.e2b.owner") == b"alice"
+    assert files.get_info(str(target)).metadata == metadata
+    assert [e.metadata for e in files.list(str(workdir))] == [metadata]
+    (workdir / "plain.txt").write_text("y")
+    assert files.get_info(str(workdir / "plain.txt")).metadata is None
+
+
 def test_write_several_files_in_one_upload(files: Filesystem, workdir: Path) -> None:
     written = files.write_files(
         [

@@ -61,6 +61,7 @@ func entry(path string) (*EntryInfo, error) {
 		}
 	}
 	fill(e, fi)
+	e.Metadata = metadataOf(path)
 	return e, nil
 }
 

@@ -106,9 +106,10 @@ func (f *Files) download(w http.ResponseWriter, r *http.Request) {
 
 // writeInfo is one entry of an upload's answer.
 type writeInfo struct {
-	Name string `json:"name"`
-	Type string `json:"type"`
-	Path string `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Path     string            `json:"path"`
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 func (f *Files) upload(w http.ResponseWriter, r *http.Request) {
@@ -153,7 +154,7 @@ func (f *Files) uploadStream(r *http.Request, user *identity.User, query string)
 	default:
 		return nil, rpc.Errorf(rpc.InvalidArgument, "Content-Encoding %q: send gzip or no encoding", enc)
 	}
-	info, err := writeFile(user, query, body)
+	info, err := writeFile(user, query, body, metadataFrom(r.Header))
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +192,7 @@ func (f *Files) uploadMultipart(r *http.Request, user *identity.User, query, bou
 		if target == "" {
 			return nil, rpc.Errorf(rpc.InvalidArgument, "a multipart file part has no filename: name its path there or in ?path=")
 		}
-		info, err := writeFile(user, target, part)
+		info, err := writeFile(user, target, part, metadataFrom(r.Header))
 		part.Close()
 		if err != nil {
 			return nil, err
@@ -215,7 +216,8 @@ func partPath(part *multipart.Part) string {
 }
 
 // writeFile writes a file through a temporary file beside it, renamed into place.
-func writeFile(user *identity.User, name string, body io.Reader) (writeInfo, error) {
+// Metadata, when given, is stored on the new file.
+func writeFile(user *identity.User, name string, body io.Reader, md map[string]string) (writeInfo, error) {
 	path, err := user.Resolve(name)
 	if err != nil {
 		return writeInfo{}, err
@@ -251,8 +253,11 @@ func writeFile(user *identity.User, name string, body io.Reader) (writeInfo, err
 	if err := user.Chown(tmp.Name()); err != nil {
 		return writeInfo{}, statError(path, err)
 	}
+	if err := setMetadata(tmp.Name(), md); err != nil {
+		return writeInfo{}, err
+	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return writeInfo{}, statError(path, err)
 	}
-	return writeInfo{Name: filepath.Base(path), Type: "file", Path: path}, nil
+	return writeInfo{Name: filepath.Base(path), Type: "file", Path: path, Metadata: md}, nil
 }

@@ -423,3 +423,27 @@ func TestABackgroundChildDoesNotHoldTheEndBack(t *testing.T) {
 		t.Fatalf("stdout %q, end %+v", stdout, end)
 	}
 }
+
+func TestUploadMetadataIsKeptAndStatShowsIt(t *testing.T) {
+	a := start(t)
+	req, _ := http.NewRequest(http.MethodPost, a.url+"/files?path=tagged.txt", strings.NewReader("x"))
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set(TokenHeader, token)
+	req.Header.Set("X-Metadata-Owner", "bob")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var written []struct{ Metadata map[string]string }
+	if err := json.NewDecoder(res.Body).Decode(&written); err != nil || res.StatusCode != 200 || written[0].Metadata["owner"] != "bob" {
+		t.Fatalf("upload with metadata: %d %+v %v", res.StatusCode, written, err)
+	}
+	var stat struct {
+		Entry struct{ Metadata map[string]string }
+	}
+	a.unary("filesystem.Filesystem/Stat", map[string]string{"path": "tagged.txt"}, &stat)
+	if len(stat.Entry.Metadata) != 1 || stat.Entry.Metadata["owner"] != "bob" {
+		t.Fatalf("Stat metadata: %+v", stat.Entry.Metadata)
+	}
+}
