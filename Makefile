@@ -54,7 +54,8 @@ down: venv
 ## policy pack's rules), pulumi-test (a real `pulumi up`/`destroy` of the local stack, its
 ## objects identical to the Ansible path's; the policy pack refusing at `pulumi preview`),
 ## blockd (unit + real SeaweedFS, FUSE, ext4), forkd (real QEMU microVMs under TCG: boot,
-## snapshot, 8 children with distinct entropy and disks), ansible-test (roles converged on this machine:
+## snapshot, 8 children with distinct entropy and disks), agent (the in-sandbox agent driven
+## by the pinned E2B SDK's envd clients), ansible-test (roles converged on this machine:
 ## PostgreSQL's, with rotation, idempotence and check mode), control (records on real
 ## PostgreSQL and SQLite, the edge against a local OIDC issuer), bundle-test (the air-gapped
 ## bundle installed with no network), hosts-test (site.yml from that bundle onto three
@@ -71,7 +72,7 @@ down: venv
 # keeps every tier's log; the end prints each tier's time and result, and a failed tier's
 # last lines again.
 TIERS_CLUSTER := cluster-test bundle bundle-test hosts-test
-TIERS_REST := lint unit pulumi-unit pulumi-test blockd forkd control ansible-test images-test scale
+TIERS_REST := lint unit pulumi-unit pulumi-test blockd forkd agent control ansible-test images-test scale
 TIER_LOGS := test-results/tiers
 ENVS := $(VENV)/.installed $(VENV)/.control-installed $(BLOCKD)/.venv/.installed $(CONTROL)/.venv/.installed \
   $(FORKD)/.venv/.installed $(PULUMI)/.venv/.installed
@@ -157,7 +158,7 @@ forkd: $(FORKD)/.venv/.installed
 
 # The in-sandbox agent (agent/, Go, standard library only): a static binary speaking E2B's
 # envd protocol. Its Go tests, then the pinned E2B SDK driving the built binary on a loopback
-# port (agent/.venv from agent/requirements.txt). Not in `make test` yet.
+# port (agent/.venv from agent/requirements.txt).
 AGENT := agent
 AGENT_GO := GOMODCACHE=$(WARREN_CACHE)/go/mod GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 
