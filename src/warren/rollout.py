@@ -22,6 +22,7 @@ from warren.config import SYSTEM_NAMESPACE, WarrenConfig
 # Waiting reasons that no amount of waiting fixes.
 HOPELESS = {"ErrImageNeverPull", "InvalidImageName"}
 EDGE_SERVICE = "warren-control"
+INSTALL = "warren-install"  # the install Job's name label (manifests/warren-system.yaml.j2)
 EDGE_PORT = 8080
 
 
@@ -41,16 +42,28 @@ def workloads(config: WarrenConfig) -> list[Workload]:
     if config.services.stores == "embedded":
         found += [Workload("StatefulSet", "warren-objects"), Workload("StatefulSet", "warren-postgres")]
     found += [
-        Workload("Job", install_job(config)),
+        Workload("Job", INSTALL),
         Workload("Deployment", "warren-control"),
         Workload("DaemonSet", "warren-blockd"),
     ]
     return found
 
 
-def install_job(config: WarrenConfig) -> str:
-    """The install Job's name for this version (manifests/warren-system.yaml.j2)."""
-    return config.services.install_job
+def _install_job(api: client.ApiClient) -> Any:
+    """The install Job of the warren-control image the Deployment runs, or None. Found by that
+    image, not by name: a Job's name carries the image's digest where the images are pinned
+    at apply (the local node, a bundle), which the configuration alone does not say."""
+    try:
+        deployment: Any = client.AppsV1Api(api).read_namespaced_deployment("warren-control", SYSTEM_NAMESPACE)
+    except client.ApiException as exc:
+        if exc.status == 404:  # noqa: PLR2004
+            return None
+        raise
+    image = deployment.spec.template.spec.containers[0].image
+    jobs: Any = client.BatchV1Api(api).list_namespaced_job(
+        SYSTEM_NAMESPACE, label_selector=f"app.kubernetes.io/name={INSTALL}"
+    )
+    return next((j for j in jobs.items if j.spec.template.spec.containers[0].image == image), None)
 
 
 def _ready(kind: str, obj: Any) -> bool:
@@ -80,12 +93,13 @@ def _ready(kind: str, obj: Any) -> bool:
 
 
 def _read(api: client.ApiClient, workload: Workload) -> Any:
-    apps, batch = client.AppsV1Api(api), client.BatchV1Api(api)
+    if workload.kind == "Job":
+        return _install_job(api)
+    apps = client.AppsV1Api(api)
     reader = {
         "Deployment": apps.read_namespaced_deployment,
         "DaemonSet": apps.read_namespaced_daemon_set,
         "StatefulSet": apps.read_namespaced_stateful_set,
-        "Job": batch.read_namespaced_job,
     }[workload.kind]
     try:
         return reader(workload.name, SYSTEM_NAMESPACE)
@@ -137,7 +151,7 @@ def wait_ready(
             found = _read(api, workload)
             if found is not None and _ready(workload.kind, found):
                 pending.remove(workload)
-                progress(f"{workload.kind} {workload.name} ready")
+                progress(f"{workload.kind} {found.metadata.name} ready")
         if not pending:
             return
         problems = pod_problems(api)

@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 
 from warren.config import parse_config
-from warren.rollout import HOPELESS, _ready, install_job, workloads
+from warren.rollout import HOPELESS, INSTALL, _ready, workloads
 
 
 def meta(generation: int = 2) -> client.V1ObjectMeta:
@@ -72,7 +72,7 @@ def test_what_is_waited_for_follows_the_configuration() -> None:
     embedded = parse_config({})
     names = [(w.kind, w.name) for w in workloads(embedded)]
     assert names[:2] == [("StatefulSet", "warren-objects"), ("StatefulSet", "warren-postgres")]
-    assert ("Job", install_job(embedded)) in names
+    assert ("Job", INSTALL) in names
     external = parse_config(
         {"services": {"stores": "external", "object_store_endpoint": "https://s3.example"}}
     )
