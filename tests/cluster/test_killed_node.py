@@ -62,24 +62,50 @@ def kill_blockd() -> None:
         time.sleep(0.2)
 
 
-def lose_everything_under(roots: list[Path]) -> None:
-    """What a reboot does to the node's mounts and loop devices (a crash leaves them)."""
+def recorded_loops(blockd_state: Path) -> dict[str, str]:
+    """Loop device -> workspace, as warren-blockd recorded them: from the host their backing
+    files' paths are the pod's (the FUSE mount lives in its mount namespace), not the node's."""
+    found = {}
+    for record in blockd_state.glob("workspaces/*/mount.json"):
+        loop = json.loads(record.read_text()).get("loop")
+        if loop:
+            found[loop] = record.parent.name
+    return found
+
+
+def loops_on(roots: list[Path], recorded: dict[str, str]) -> list[str]:
+    """Loop devices on files under `roots`, or still on the workspace file blockd put them on."""
+    found = []
     for line in subprocess.run(
         ["losetup", "-l", "-n", "-O", "NAME,BACK-FILE"], capture_output=True, text=True, check=True
     ).stdout.splitlines():
         name, _, backing = line.strip().partition(" ")
-        if any(backing.startswith(str(root)) for root in roots):
-            subprocess.run(["losetup", "-d", name], check=False, capture_output=True)
+        backing = backing.strip().removesuffix(" (deleted)")
+        if any(backing.startswith(str(root)) for root in roots) or Path(backing).name == recorded.get(name):
+            found.append(name)
+    return found
+
+
+def lose_everything_under(roots: list[Path], recorded: dict[str, str]) -> None:
+    """What a reboot does to the node's mounts and loop devices (a crash leaves them)."""
+    for name in loops_on(roots, recorded):
+        subprocess.run(["losetup", "-d", name], check=False, capture_output=True)
     for _ in range(5):
         mounts = subprocess.run(
             ["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True, check=True
         ).stdout.split()
         ours = sorted((m for m in mounts if any(m.startswith(str(r)) for r in roots)), reverse=True)
         if not ours:
-            return
+            break
         for target in ours:
             subprocess.run(["umount", "-l", target], check=False, capture_output=True)
-    pytest.fail(f"mounts survived the simulated reboot: {ours}")
+    else:
+        pytest.fail(f"mounts survived the simulated reboot: {ours}")
+    # A loop device still busy when it was detached goes once its last mount does.
+    deadline = time.monotonic() + 30
+    while left := loops_on(roots, recorded):
+        assert time.monotonic() < deadline, f"loop devices survived the simulated reboot: {left}"
+        time.sleep(0.5)
 
 
 def wait_running(env: dict[str, str], sandbox_id: str, timeout: float = 600) -> dict[str, object]:
@@ -135,7 +161,7 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
                 [*crictl, "--timeout", "120s", "rmp", "--all", "--force"], capture_output=True, check=False
             )
         )
-        lose_everything_under([node.root])
+        lose_everything_under([node.root], recorded_loops(blockd_state))
         subprocess.run(["rm", "-rf", "--one-file-system", str(blockd_state)], check=True)
         assert not blockd_state.exists()
 
