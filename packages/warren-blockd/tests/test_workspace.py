@@ -267,3 +267,27 @@ def test_a_fork_racing_a_release_leaves_no_child_on_a_dropped_generation(local_r
     assert store.list("workspaces/racing/refs/") == []
     assert store.list("workspaces/late/") == []
     assert src.release().generations_deleted == 1
+
+
+def test_a_consolidation_that_loses_to_another_of_the_same_state_is_not_an_error(local_root: Path) -> None:
+    """The daemon's background consolidation and a fork's (or both daemons of a handoff)
+    may publish the same generation at once: the one that comes second uses the first's."""
+
+    class ConsolidatedMeanwhile(LocalDriver):
+        raced = False
+
+        def put(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+            if "/manifests/" in key and not key.endswith(("-0000000000000000",)) and not self.raced:
+                self.raced = True
+                super().put(key, data, create_only=True)  # the other consolidation, first
+            super().put(key, data, create_only=create_only)
+
+    driver = ConsolidatedMeanwhile(local_root)
+    store = PolicyStore(driver)
+    src = Workspace(store, "busy")
+    src.create(1024)
+    LogLane(src, 1).publish([(0, block(4, 2))])
+    assert src.fork(["kid"]) == {"kid": None}  # it consolidates first, and loses that race
+    assert driver.raced
+    assert len(store.list("workspaces/busy/manifests/")) == 2  # generation 0 and the one published
+    assert Workspace(store, "kid").effective().lookup(1) == src.effective().lookup(1)

@@ -148,7 +148,13 @@ class Workspace:
         if not self._tail(log_seq):
             return self.load(newest_key)  # nothing new since the last consolidation
         manifest = self.effective()
-        self._publish_generation(generation + 1, manifest.log_seq, manifest.to_bytes())
+        try:
+            self._publish_generation(generation + 1, manifest.log_seq, manifest.to_bytes())
+        except PreconditionFailedError:
+            # Another consolidation of this very state got there first (the daemon's
+            # background work beside a fork, or both daemons of a handoff): the same
+            # manifest, and the one that published it lets go of what it supersedes.
+            return manifest
         if not self._forked(generation):
             self._release_base(newest_key)
         for old_generation, _, old_key in generations[: -keep or None]:
