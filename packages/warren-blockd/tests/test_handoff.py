@@ -117,15 +117,19 @@ def fsck_clean(daemon: BlockdProcess, workspace: str, target: Path, copy: Path) 
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def writing(old: Blockd, tmp_path: Path) -> tuple[Blockd, Path, Writer]:
+    """A workspace made and mounted by `old`, and a writer at work in it."""
+    old.client.create("ws", 256 << 20)
+    target = tmp_path / "mnt"
+    old.client.action("ws", "mount", target=str(target))
+    return old, target, Writer(target, tmp_path)
+
+
 def test_a_new_daemon_takes_over_under_a_writer_without_an_error(
     blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str, tmp_path: Path
 ) -> None:
     store = f"s3://{bucket}"
-    old = blockd_factory(store, seaweedfs)
-    old.client.create("ws", 256 << 20)
-    target = tmp_path / "mnt"
-    old.client.action("ws", "mount", target=str(target))
-    writer = Writer(target, tmp_path)
+    old, target, writer = writing(blockd_factory(store, seaweedfs), tmp_path)
     try:
         writer.wait_for(40)
         new = blockd_factory(store, seaweedfs, name="node", log_name="daemon-new.log")  # same node state
@@ -164,11 +168,7 @@ def test_a_new_daemon_killed_during_the_handoff_leaves_the_old_one_serving(
     blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str, tmp_path: Path
 ) -> None:
     store = f"s3://{bucket}"
-    old = blockd_factory(store, seaweedfs)
-    old.client.create("ws", 256 << 20)
-    target = tmp_path / "mnt"
-    old.client.action("ws", "mount", target=str(target))
-    writer = Writer(target, tmp_path)
+    old, _, writer = writing(blockd_factory(store, seaweedfs), tmp_path)
     try:
         writer.wait_for(20)
         # It adopts everything, then holds before its acknowledgement: killed there.
