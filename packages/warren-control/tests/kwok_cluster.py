@@ -45,7 +45,7 @@ from k8s_helpers import Controller, controller_kubeconfig, sandbox_body, wait_fo
 from kubernetes import client, config, watch
 from warren_control.controller import ControllerOptions
 from warren_control.kube import ApiException, Kube, Obj
-from warren_control.podspec import GROUP, PLURAL, VERSION
+from warren_control.podspec import FINALIZER, GROUP, PLURAL, VERSION
 
 REPO = Path(__file__).resolve().parents[3]
 STAGES = Path(__file__).with_name("kwok-stages.yaml")
@@ -154,10 +154,12 @@ def usage_of(pid: int) -> Usage | None:
 class KwokCluster:
     """Start with `with KwokCluster(bin_dir) as cluster:`; `add_nodes` makes fake nodes."""
 
-    def __init__(self, bin_dir: Path, *, warren: Path | None = None, node_lease_seconds: int = 40) -> None:
+    def __init__(self, bin_dir: Path, *, warren: Path | None = None, node_lease_seconds: int = 600) -> None:
         self.bin_dir = bin_dir
         self.warren = warren or warren_cli()
         # kwok renews a Lease per node every quarter of this, as a kubelet does; 0: none.
+        # Nothing here reads the leases (no node lifecycle controller runs), and at 40 s,
+        # 1,000 nodes wrote 100 renewals a second to the API server for the whole test.
         self.node_lease_seconds = node_lease_seconds
         self.root = Path(tempfile.mkdtemp(prefix="warren-kwok-"))
         self.pki = self.root / "pki"
@@ -407,7 +409,7 @@ class KwokCluster:
                 f"--manage-nodes-with-annotation-selector={key}={value}",
                 f"--node-ip={NODE_IP}",
                 f"--node-lease-duration-seconds={self.node_lease_seconds}",
-                "-v=WARN",  # at INFO it logs every lease renewal: 100 lines/s at 1,000 nodes
+                "-v=WARN",  # at INFO it logs every lease renewal
             ],
         )
         # kwok has no readiness endpoint: add_nodes waits for the nodes it makes Ready.
@@ -641,8 +643,10 @@ def create_sandboxes(kube: Kube, names: list[str], threads: int, image: str = "b
     path = sandboxes_path()
 
     def one(name: str) -> str | None:
+        body = sandbox_body(name, image)
+        body["metadata"]["finalizers"] = [FINALIZER]  # as the API creates them
         try:
-            kube.request("POST", path, body=sandbox_body(name, image))
+            kube.request("POST", path, body=body)
         except ApiException as exc:
             return f"{name}: {exc.status} {exc.reason}"
         return None

@@ -48,6 +48,7 @@ from warren_control.models import IdempotencyRecord, Organization, Sandbox, Sand
 from warren_control.observation import converge, scrub
 from warren_control.podspec import (
     CONTAINER,
+    FINALIZER,
     GROUP,
     KIND,
     MANAGED_BY,
@@ -428,6 +429,7 @@ def _resource(record: Sandbox, namespace: str) -> Obj:
             "name": record.object_name,
             "namespace": namespace,
             "labels": {ORG_LABEL: org_hash(record.org_id), MANAGED_BY_LABEL: MANAGED_BY},
+            "finalizers": [FINALIZER],
         },
         "spec": body,
     }

@@ -33,6 +33,7 @@ import kopf
 from warren_control import leader
 from warren_control.kube import ApiException, Kube, Obj, error_message
 from warren_control.podspec import (
+    FINALIZER,
     GROUP,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -55,7 +56,6 @@ log = logging.getLogger(__name__)
 
 Phase = Literal["Pending", "Running", "Stopped", "Failed", "Terminating"]
 
-FINALIZER = "warren.dev/controller"
 # kopf treats every annotation under its prefix as its own state: a prefix of its own
 # keeps annotations other parts of Warren put on a Sandbox meaningful to kopf's diffs.
 ANNOTATION_PREFIX = "controller.warren.dev"
@@ -231,15 +231,19 @@ class Reconciler:
             sandbox = self.kube.read_sandbox(namespace, name)
             if sandbox is None or _terminating(sandbox):
                 return None
-            seen = self.converge(sandbox)
+            pod = self.kube.read_pod(namespace, pod_name(str(sandbox["metadata"]["uid"])))
+            seen = self.converge(sandbox, pod)
             self.write_status(sandbox, seen)
             return seen
 
-    def converge(self, sandbox: Obj) -> Observation:
+    def converge(self, sandbox: Obj, pod: Obj | None) -> Observation:
+        """One pass from `pod`, the Sandbox's pod as last read or as its latest watch event
+        showed it (None: there is none). A pod event's object may be older than the cluster:
+        every write here is safe against that (a create meets AlreadyExists, a delete names
+        the incarnation it means), and the next event converges again."""
         namespace = sandbox["metadata"]["namespace"]
         uid = str(sandbox["metadata"]["uid"])
         name = pod_name(uid)
-        pod = self.kube.read_pod(namespace, name)
         if pod is not None and controller_uid(pod) != uid:
             return self._not_ours(name)
 
@@ -389,17 +393,20 @@ class Reconciler:
         )
         if uid is None or owner is None:
             return
-        namespace = str(meta["namespace"])
-        sandbox = self.kube.read_sandbox(namespace, str(owner["name"]))
-        if sandbox is None or sandbox["metadata"]["uid"] != uid:
-            # An orphan (its Sandbox went while no controller ran). The garbage collector
-            # would remove it too; doing it now keeps "no pod without a Sandbox" prompt.
-            if event_type != "DELETED" and not _terminating(pod):
-                self.kube.delete_pod(namespace, str(meta["name"]), uid=str(meta["uid"]))
-                log.info("deleted orphan pod %s/%s", namespace, meta["name"])
-            return
-        if not _terminating(sandbox):
-            self.reconcile(namespace, str(owner["name"]))
+        namespace, name = str(meta["namespace"]), str(owner["name"])
+        with self._serialized(namespace, name):
+            sandbox = self.kube.read_sandbox(namespace, name)
+            if sandbox is None or sandbox["metadata"]["uid"] != uid:
+                # An orphan (its Sandbox went while no controller ran). The garbage collector
+                # would remove it too; doing it now keeps "no pod without a Sandbox" prompt.
+                if event_type != "DELETED" and not _terminating(pod):
+                    self.kube.delete_pod(namespace, str(meta["name"]), uid=str(meta["uid"]))
+                    log.info("deleted orphan pod %s/%s", namespace, meta["name"])
+                return
+            if not _terminating(sandbox):
+                # The event's pod stands for a read: a watch shows the latest state first.
+                seen = self.converge(sandbox, None if event_type == "DELETED" else dict(pod))
+                self.write_status(sandbox, seen)
 
 
 def connection_info(kube: Kube) -> kopf.ConnectionInfo:

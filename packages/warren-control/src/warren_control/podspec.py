@@ -33,6 +33,9 @@ WORKSPACE_LABEL = "warren.dev/workspace"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "warren-control"
 SPEC_HASH_ANNOTATION = "warren.dev/spec-hash"
+# The controller's finalizer: it keeps a Sandbox until its pod has stopped. The API creates
+# Sandboxes with it already in place, which saves the controller a write per create.
+FINALIZER = "warren.dev/controller"
 
 CONTAINER = "sandbox"
 WORKSPACE_VOLUME = "workspace"
