@@ -23,6 +23,7 @@ import ctypes
 import importlib
 import ipaddress
 import os
+import re
 import shutil
 import signal
 import socket
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -508,6 +510,46 @@ def _die_with_parent() -> None:
 def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
     with urllib.request.urlopen(url, timeout=5, context=context) as response:  # noqa: S310  # our own loopback URL
         return int(response.status) == 200
+
+
+# Writes only the controller makes: its pods, its finalizer and kopf's state, its status.
+# (Not pod deletes: kwok, playing the kubelet, deletes pods too.)
+CONTROLLER_WRITES = frozenset(
+    {
+        ("POST", "pods"),
+        ("PATCH", "sandboxes"),
+        ("PUT", "sandboxes"),
+        ("PATCH", "sandboxes/status"),
+        ("PUT", "sandboxes/status"),
+    }
+)
+_REQUEST_TOTAL = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def api_requests(kube: Kube) -> Counter[tuple[str, str]]:
+    """The API server's request counters so far, by verb and resource[/subresource], from
+    its own metrics: what every client asked of it, counted where it was served."""
+    request = kube.api.param_serialize(
+        method="GET",
+        resource_path="/metrics",
+        header_params={"Accept": "text/plain"},
+        auth_settings=["BearerToken"],
+    )
+    text = kube.api.call_api(*request).read().decode()  # type: ignore[no-untyped-call]
+    counts: Counter[tuple[str, str]] = Counter()
+    for line in text.splitlines():
+        if found := _REQUEST_TOTAL.match(line):
+            labels = dict(_LABEL.findall(found["labels"]))
+            resource = labels.get("resource", "") + (
+                f"/{labels['subresource']}" if labels.get("subresource") else ""
+            )
+            counts[labels.get("verb", ""), resource] += int(float(found["value"]))
+    return counts
+
+
+def controller_writes(before: Counter[tuple[str, str]], after: Counter[tuple[str, str]]) -> int:
+    return sum(after[key] - before[key] for key in CONTROLLER_WRITES)
 
 
 def list_all(kube: Kube, path: str, page: int = 500) -> list[Obj]:

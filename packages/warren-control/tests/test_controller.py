@@ -13,9 +13,12 @@ import kopf
 import pytest
 from kubernetes import client
 from warren_control.controller import (
+    ANNOTATION_PREFIX,
     FINALIZER,
     ControllerOptions,
+    MemoryDiffBase,
     Observation,
+    ProgressAnnotations,
     Reconciler,
     build_registry,
     connection_info,
@@ -410,11 +413,37 @@ def test_status_carries_over_conditions_of_other_types() -> None:
 def test_operator_settings_keep_kopf_state_out_of_status_and_peering_off() -> None:
     settings = settings_for(ControllerOptions(workers=4))
     assert settings.persistence.finalizer == FINALIZER == "warren.dev/controller"
-    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
-    assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+    assert isinstance(settings.persistence.progress_storage, ProgressAnnotations)
+    assert isinstance(settings.persistence.diffbase_storage, MemoryDiffBase)
     assert settings.peering.standalone is True
     assert settings.scanning.disabled is True
     assert settings.execution.max_workers == 4
+
+
+def test_the_diff_base_is_kept_per_sandbox_in_memory_and_dropped_at_deletion() -> None:
+    storage = MemoryDiffBase()
+    live = kopf.Body({"metadata": {"uid": "u1", "name": "a"}, "spec": {"image": "x"}})
+    assert storage.fetch(body=live) is None  # never seen: kopf handles it as new
+    essence = storage.build(body=live)
+    storage.store(body=live, patch=kopf.Patch(), essence=essence)
+    assert storage.fetch(body=live) == essence
+    deleting = kopf.Body({"metadata": {"uid": "u1", "name": "a", "deletionTimestamp": "t"}, "spec": {}})
+    storage.store(body=deleting, patch=kopf.Patch(), essence=storage.build(body=deleting))
+    assert storage.fetch(body=live) is None
+    assert len(storage) == 0
+
+
+def test_kopfs_own_annotations_are_no_change_of_the_sandbox() -> None:
+    storage = MemoryDiffBase()
+    plain = {"metadata": {"uid": "u1", "annotations": {"team": "a"}}, "spec": {"image": "x"}}
+    retrying = copy.deepcopy(plain)
+    retrying["metadata"]["annotations"][f"{ANNOTATION_PREFIX}/ensure"] = '{"retries":1}'
+    assert storage.build(body=kopf.Body(retrying)) == storage.build(body=kopf.Body(plain))
+    patch = kopf.Patch()
+    ProgressAnnotations(prefix=ANNOTATION_PREFIX, v1=False).store(
+        key=kopf.HandlerId("ensure"), record={"retries": 1}, body=kopf.Body(plain), patch=patch
+    )
+    assert set(patch["metadata"]["annotations"]) == {f"{ANNOTATION_PREFIX}/ensure"}  # no marker
 
 
 def test_registry_handles_sandboxes_and_watches_only_our_pods(kube: FakeKube) -> None:

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 from kwok_cluster import (
+    CONTROLLER_WRITES,
     NAMESPACE,
     KwokCluster,
+    api_requests,
+    controller_writes,
     delete_all,
     list_all,
     missing_binaries,
@@ -64,9 +67,16 @@ def test_sandboxes_on_kwok_nodes_reconcile_and_delete(cluster: KwokCluster, tmp_
 
     with cluster.controller(tmp_path, WORKERS) as controller:
         try:
+            before = api_requests(kube)
             result = reconcile(cluster, controller, SANDBOXES, workers=WORKERS)
+            created = api_requests(kube)
             print(result.summary())
             assert not result.create_errors, result.create_errors[:10]
+            # A create costs the controller its pod and two status writes (Pending, Running):
+            # the finalizer comes with the Sandbox, and kopf's state stays in memory.
+            writes = controller_writes(before, created)
+            print(f"controller writes per create: {writes / SANDBOXES:.2f}")
+            assert writes <= 3 * SANDBOXES, {k: created[k] - before[k] for k in CONTROLLER_WRITES}
 
             sandboxes = list_all(kube, sandboxes_path())
             phases = Counter((s.get("status") or {}).get("phase") for s in sandboxes)
@@ -92,6 +102,8 @@ def test_sandboxes_on_kwok_nodes_reconcile_and_delete(cluster: KwokCluster, tmp_
             print(f"pods on {len(per_node)} nodes, at most {max(per_node.values())} on one")
 
             delete_seconds = delete_all(cluster)
+            per_delete = controller_writes(created, api_requests(kube)) / SANDBOXES
+            print(f"controller writes per delete, besides its pod's: {per_delete:.2f}")
             print(
                 f"deleted {SANDBOXES} Sandboxes in {delete_seconds:.1f} s "
                 f"({SANDBOXES / delete_seconds:.1f}/s, finalizers included)"

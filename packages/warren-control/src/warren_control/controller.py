@@ -20,7 +20,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -431,18 +431,60 @@ def connection_info(kube: Kube) -> kopf.ConnectionInfo:
     )
 
 
+class MemoryDiffBase(kopf.DiffBaseStorage):
+    """kopf's record of the last spec it handled, per Sandbox, kept in memory instead of an
+    annotation: every pass is level-based, so a restarted controller that has forgotten it
+    simply handles each Sandbox again, and each create is one API write cheaper. A deleting
+    Sandbox needs none (deletion is its only cause from then on), so its entry goes then; one
+    removed without its finalizer leaves its small entry until the next restart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._essences: dict[str, kopf.BodyEssence] = {}
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None
+    ) -> kopf.BodyEssence:
+        # Our progress annotations are kopf's state, not the Sandbox's (ProgressAnnotations
+        # writes no marker for kopf to find them by).
+        essence = super().build(body=body, extra_fields=extra_fields)
+        annotations = (essence.get("metadata") or {}).get("annotations") or {}
+        self.remove_annotations(essence, {k for k in annotations if k.startswith(f"{ANNOTATION_PREFIX}/")})
+        self.remove_empty_stanzas(essence)
+        return essence
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return self._essences.get(str(body.metadata.uid))
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        uid = str(body.metadata.uid)
+        if body.metadata.get("deletionTimestamp"):
+            self._essences.pop(uid, None)
+        else:
+            self._essences[uid] = essence
+
+    def __len__(self) -> int:
+        return len(self._essences)
+
+
+class ProgressAnnotations(kopf.AnnotationsProgressStorage):
+    """Handler progress in annotations under our prefix, written only while a handler
+    retries, without the marker annotation kopf otherwise puts on every object it handles
+    once (one more write per create). The marker's one use is to keep the prefix out of diff
+    bases, which MemoryDiffBase does itself."""
+
+    def _store_marker(self, prefix: str, patch: kopf.Patch, body: kopf.Body) -> None:
+        return None
+
+
 def settings_for(options: ControllerOptions) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
     settings.peering.standalone = True  # one controller per deployment; no peering objects
     settings.persistence.finalizer = FINALIZER
-    # Handler progress lives in annotations under our prefix: the CRD's structural schema
-    # would prune kopf's default status fields anyway.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=ANNOTATION_PREFIX, v1=False
-    )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, v1=False
-    )
+    # Handler progress (written only while a handler retries) lives in annotations under our
+    # prefix: the CRD's structural schema would prune kopf's default status fields anyway.
+    settings.persistence.progress_storage = ProgressAnnotations(prefix=ANNOTATION_PREFIX, v1=False)
+    settings.persistence.diffbase_storage = MemoryDiffBase()
     # The CRD is installed before the controller runs (`warren apply`); watching CRDs for
     # new resources would need a cluster-wide permission the controller has no use for.
     settings.scanning.disabled = True
