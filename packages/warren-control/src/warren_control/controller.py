@@ -4,8 +4,8 @@ Exactly one, even across crashes, because nothing here remembers anything: the p
 is a function of the Sandbox's uid (podspec.pod_name), so every pass reads the cluster,
 finds the pod it made or meets AlreadyExists, and converges from there. The pod's owner
 reference lets the garbage collector remove a pod whose Sandbox vanished while no
-controller ran. A finalizer keeps the Sandbox until its pod has stopped (and, later, its
-workspace is released).
+controller ran. A finalizer keeps the Sandbox until its pod has stopped; its workspace
+outlives it in object storage for the control plane's retention period.
 
 Every trigger runs the same level-based pass: Sandbox create/update/resume, a periodic
 resync, and every event of a pod this controller made (so pod phase changes reach the
@@ -61,8 +61,8 @@ Phase = Literal["Pending", "Running", "Stopped", "Failed", "Terminating"]
 ANNOTATION_PREFIX = "controller.warren.dev"
 READY = "Ready"
 
-# Optional hook for the workspace (the blockd CSI driver, in its own issue): the pod
-# volume source for a Sandbox, or None for no workspace volume.
+# The workspace hook: the pod volume source for a Sandbox (podspec.blockd_volume, the
+# warren-blockd CSI driver's), or None for no workspace volume.
 WorkspaceFn = Callable[[Mapping[str, Any]], Obj | None]
 
 
@@ -354,7 +354,6 @@ class Reconciler:
                     self.kube.delete_pod(namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
                     log.info("deleting %s/%s: deleted pod %s", namespace, name, pod["metadata"]["name"])
                 return False
-            # Releasing the workspace (blockd) belongs here, once the pod no longer uses it.
         with self._guard:
             self._locks.pop(f"{namespace}/{name}", None)
         return True
