@@ -325,6 +325,19 @@ def test_pod_event_updates_status(kube: FakeKube, reconciler: Reconciler) -> Non
     assert kube.status("a")["phase"] == "Running"
 
 
+def test_a_late_pod_event_does_not_set_the_status_back(kube: FakeKube, reconciler: Reconciler) -> None:
+    sbx = kube.add_sandbox("a")
+    reconciler.reconcile(NS, "a")
+    pod = kube.pods[pod_name(sbx["metadata"]["uid"])]
+    pending = copy.deepcopy(pod)
+    run(pod)
+    reconciler.reconcile(NS, "a")  # the resync, say, sees it running first
+    writes = kube.status_patches
+    reconciler.pod_changed("MODIFIED", pending)  # then the pod's older event arrives
+    assert kube.status("a")["phase"] == "Running"
+    assert kube.status_patches == writes
+
+
 def test_pod_events_for_pods_without_a_sandbox_owner_are_ignored(
     kube: FakeKube, reconciler: Reconciler
 ) -> None:

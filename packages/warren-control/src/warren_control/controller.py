@@ -237,10 +237,7 @@ class Reconciler:
             return seen
 
     def converge(self, sandbox: Obj, pod: Obj | None) -> Observation:
-        """One pass from `pod`, the Sandbox's pod as last read or as its latest watch event
-        showed it (None: there is none). A pod event's object may be older than the cluster:
-        every write here is safe against that (a create meets AlreadyExists, a delete names
-        the incarnation it means), and the next event converges again."""
+        """One pass from `pod`, the Sandbox's pod as just read (None: there is none)."""
         namespace = sandbox["metadata"]["namespace"]
         uid = str(sandbox["metadata"]["uid"])
         name = pod_name(uid)
@@ -403,8 +400,10 @@ class Reconciler:
                     log.info("deleted orphan pod %s/%s", namespace, meta["name"])
                 return
             if not _terminating(sandbox):
-                # The event's pod stands for a read: a watch shows the latest state first.
-                seen = self.converge(sandbox, None if event_type == "DELETED" else dict(pod))
+                # The pod read afresh, not taken from the event: a pass from another trigger
+                # (the resync, a Sandbox change) may already have seen a later state, and the
+                # event's older one would set the status back until the next event.
+                seen = self.converge(sandbox, self.kube.read_pod(namespace, pod_name(uid)))
                 self.write_status(sandbox, seen)
 
 
