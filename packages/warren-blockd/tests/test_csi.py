@@ -393,3 +393,26 @@ def test_a_daemon_stopped_under_a_published_workspace_leaves_no_mount_behind(
     again = csi.publish("csi-vol-stop-2", pod_context(pod="pod-9", workspace="ws_stopped", size="64Mi"))
     assert (again / "kept.txt").read_text() == "flushed at shutdown\n"
     csi.unpublish("csi-vol-stop-2")
+
+
+def test_a_bind_that_outlives_the_daemon_keeps_nothing_written_from_storage(
+    csi: Csi, node: Blockd, blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str
+) -> None:
+    """A process still inside a pod's volume when the daemon stops keeps that bind, and with it
+    the file system, alive past the daemon's own unmount: the daemon's umount then does not end
+    the file system, so it writes the file system's dirty data to the device before it goes
+    (without that, data written but not yet synced never reached storage)."""
+    target = csi.publish("csi-vol-held", pod_context(workspace="ws_held", size="64Mi"))
+    (target / "kept.txt").write_text("written, never synced\n")
+    holder = subprocess.Popen(["sleep", "600"], cwd=target)  # a process of the pod's, inside it
+    try:
+        node.stop()
+    finally:
+        holder.kill()
+        holder.wait()
+    shutil.rmtree(node.state / "node")
+    blockd_factory(f"s3://{bucket}", seaweedfs, name="node")
+    csi.unpublish("csi-vol-held")
+    again = csi.publish("csi-vol-held-2", pod_context(pod="pod-8", workspace="ws_held", size="64Mi"))
+    assert (again / "kept.txt").read_text() == "written, never synced\n"
+    csi.unpublish("csi-vol-held-2")

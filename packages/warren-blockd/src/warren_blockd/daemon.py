@@ -454,6 +454,11 @@ class Daemon:
         if att is None:
             raise BlockdError("not_attached", f"workspace {workspace_id} is not attached on this node")
         if att.target:
+            # Write the file system's dirty data to the device first: if another mount of it
+            # still lingers (a pod's bind, unmounted lazily), this umount does not end the
+            # file system, and what it had not written would reach the device only later,
+            # after the flush below, or never.
+            run("sync", "--file-system", att.target)
             run("umount", att.target)
             att.target = None
             metrics.MOUNTED.set(sum(1 for a in self.attached.values() if a.target))
