@@ -231,16 +231,20 @@ class Reconciler:
             sandbox = self.kube.read_sandbox(namespace, name)
             if sandbox is None or _terminating(sandbox):
                 return None
-            pod = self.kube.read_pod(namespace, pod_name(str(sandbox["metadata"]["uid"])))
-            seen = self.converge(sandbox, pod)
-            self.write_status(sandbox, seen)
-            return seen
+            return self._pass(sandbox)
 
-    def converge(self, sandbox: Obj, pod: Obj | None) -> Observation:
-        """One pass from `pod`, the Sandbox's pod as just read (None: there is none)."""
+    def _pass(self, sandbox: Obj) -> Observation:
+        seen = self.converge(sandbox)
+        self.write_status(sandbox, seen)
+        return seen
+
+    def converge(self, sandbox: Obj) -> Observation:
         namespace = sandbox["metadata"]["namespace"]
         uid = str(sandbox["metadata"]["uid"])
         name = pod_name(uid)
+        # Read afresh, never taken from a pod event: a pass from another trigger may already
+        # have seen a later state, and an event's older one would set the status back.
+        pod = self.kube.read_pod(namespace, name)
         if pod is not None and controller_uid(pod) != uid:
             return self._not_ours(name)
 
@@ -400,11 +404,7 @@ class Reconciler:
                     log.info("deleted orphan pod %s/%s", namespace, meta["name"])
                 return
             if not _terminating(sandbox):
-                # The pod read afresh, not taken from the event: a pass from another trigger
-                # (the resync, a Sandbox change) may already have seen a later state, and the
-                # event's older one would set the status back until the next event.
-                seen = self.converge(sandbox, self.kube.read_pod(namespace, pod_name(uid)))
-                self.write_status(sandbox, seen)
+                self._pass(sandbox)
 
 
 def connection_info(kube: Kube) -> kopf.ConnectionInfo:
