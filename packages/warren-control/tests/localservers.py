@@ -197,6 +197,7 @@ def echo_backend(stamp_key: bytes) -> FastAPI:
             "query": request.scope["query_string"].decode("ascii"),
             "warren_headers": sorted(k for k in request.headers if k.startswith("x-warren-")),
             "authorization": request.headers.get("authorization"),
+            "x_api_key": request.headers.get("x-api-key"),
             "cookie": request.headers.get("cookie"),
             "x_forwarded_for": request.headers.get("x-forwarded-for"),
             "x_request_id": request.headers.get("x-request-id"),

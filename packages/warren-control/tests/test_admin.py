@@ -105,6 +105,28 @@ def test_organizations_and_keys_from_the_command_line(
     assert all(r["revoked_at"] for r in revoked)
 
 
+def test_an_e2b_key_works_in_the_sdk_s_header_until_revoked(
+    records_url: str, standin: StandIn, capsys: pytest.CaptureFixture[str]
+) -> None:
+    upgrade(records_url)
+    assert run(capsys, records_url, "create-org", "sdk-users")[0] == 0
+    code, out, _ = run(capsys, records_url, "issue-key", "sdk-users", "agent", "--e2b")
+    token = out.strip()
+    assert code == 0
+    assert token.startswith("e2b_")
+    assert [r["key_id"] for r in listed(capsys, records_url, "--org", "sdk-users")] == [
+        keys.parse(token).key_id
+    ]
+    with serve_stack(records_url, standin) as stack:
+
+        def status() -> int:
+            return httpx.get(f"{stack.edge}/v1/sandboxes", headers={"X-API-KEY": token}).status_code
+
+        assert status() == 200
+        assert run(capsys, records_url, "revoke-key", token)[0] == 0
+        assert status() == 401
+
+
 def test_refusals_name_what_is_missing(records_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     upgrade(records_url)
     code, _, err = run(capsys, records_url, "issue-key", "nobody", "alice")

@@ -22,7 +22,7 @@ from localservers import (
 )
 from warren_control.edge import make_edge
 from warren_control.identity import Identity, sign
-from warren_control.keys import NewKey, StoredKey, new_key, parse
+from warren_control.keys import KeyFormat, NewKey, StoredKey, new_key, parse
 from warren_control.oidc import OidcVerifier
 
 STAMP_KEY = b"s" * 32
@@ -33,8 +33,16 @@ class MemoryResolver:
         self.records: dict[str, StoredKey] = {}
         self.lookups: list[str] = []
 
-    def add(self, org: str, user: str, scopes: set[str], *, revoked: bool = False) -> NewKey:
-        key = new_key()
+    def add(
+        self,
+        org: str,
+        user: str,
+        scopes: set[str],
+        *,
+        revoked: bool = False,
+        key_format: KeyFormat = "warren",
+    ) -> NewKey:
+        key = new_key(key_format)
         self.records[key.key_id] = StoredKey(org, user, frozenset(scopes), revoked, key.secret_sha256)
         return key
 
@@ -52,6 +60,7 @@ class Stack:
     key_a: NewKey
     key_b: NewKey
     revoked: NewKey
+    e2b_key: NewKey
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +69,7 @@ def stack() -> Iterator[Stack]:
     key_a = resolver.add("org-a", "alice", {"sandbox:read", "sandbox:write"})
     key_b = resolver.add("org-b", "bob", {"sandbox:read"})
     revoked = resolver.add("org-a", "carol", {"sandbox:read"}, revoked=True)
+    e2b_key = resolver.add("org-b", "erin", {"sandbox:read"}, key_format="e2b")
 
     def scope_rule(method: str, path: str) -> str | None:
         return "admin" if path.startswith("/admin/") else None
@@ -68,7 +78,7 @@ def stack() -> Iterator[Stack]:
         oidc = OidcVerifier.discover(issuer.url, AUDIENCE)
         edge_app = make_edge(backend, STAMP_KEY, resolver, oidc, required_scope=scope_rule)
         with serve_asgi(edge_app) as edge:
-            yield Stack(edge, backend, issuer, resolver, key_a, key_b, revoked)
+            yield Stack(edge, backend, issuer, resolver, key_a, key_b, revoked, e2b_key)
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -87,6 +97,37 @@ def test_api_key_yields_its_identity(stack: Stack) -> None:
     # The backend sees the stamp and nothing of the client's credentials.
     assert seen["warren_headers"] == ["x-warren-identity"]
     assert seen["authorization"] is None
+
+
+def test_e2b_sdk_header_and_key_format_yield_the_identity(stack: Stack) -> None:
+    assert stack.e2b_key.token.startswith("e2b_")
+    for headers in ({"X-API-KEY": stack.e2b_key.token}, bearer(stack.e2b_key.token)):
+        seen = httpx.get(f"{stack.edge}/v1/whoami", headers=headers).json()
+        assert (seen["org"], seen["user"]) == ("org-b", "erin")
+        # The backend trusts the stamp alone: the key itself never reaches it.
+        assert (seen["x_api_key"], seen["authorization"]) == (None, None)
+    # Either format goes in either header.
+    seen = httpx.get(f"{stack.edge}/v1/whoami", headers={"X-API-KEY": stack.key_a.token}).json()
+    assert seen["org"] == "org-a"
+    # Org A's key id with the E2B key's secret is no key: the id and secret go together.
+    secret = parse(stack.e2b_key.token).secret
+    forged = f"e2b_{new_key('e2b').key_id}{secret}"
+    response = httpx.get(f"{stack.edge}/v1/whoami", headers={"X-API-KEY": forged})
+    assert (response.status_code, response.json()["message"]) == (401, "invalid API key")
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"X-API-KEY": "e2b_0123"}, "malformed API key"),
+        ({"X-API-KEY": "eyJhbGciOiJSUzI1NiJ9.e30.sig"}, "X-API-KEY holds no API key"),
+        ({"X-API-KEY": "", "Authorization": "Bearer wk_x"}, "more than one credential"),
+    ],
+)
+def test_bad_x_api_key_is_named(stack: Stack, headers: dict[str, str], message: str) -> None:
+    response = httpx.get(f"{stack.edge}/v1/whoami", headers=headers)
+    assert response.status_code == 401
+    assert message in response.json()["message"]
 
 
 def test_each_key_yields_its_own_org_and_never_another(stack: Stack) -> None:

@@ -74,3 +74,25 @@ def test_check_accepts_the_key_and_nothing_near_it() -> None:
     assert not keys.check("not a key", key.secret_sha256)
     assert not keys.check(key.token, "")
     assert not keys.check(key.token, "é" * 64)
+
+
+def test_e2b_keys_have_e2b_s_shape_and_their_own_ids() -> None:
+    key = new_key("e2b")
+    assert re.fullmatch(r"e2b_[0-9a-f]{64}", key.token)
+    assert key.token.startswith(f"e2b_{key.key_id}")
+    parsed = parse(key.token)
+    assert (parsed.key_id, len(parsed.secret)) == (key.key_id, 48)
+    assert keys.check(key.token, key.secret_sha256)
+    assert keys.looks_like_key(key.token)
+    # A Warren key id is 12 characters and an E2B one 16: one never names the other's record.
+    assert len(new_key().key_id) != len(key.key_id)
+    assert len({new_key("e2b").key_id for _ in range(200)}) == 200
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["e2b_", "e2b_" + "a" * 63, "e2b_" + "a" * 65, "e2b_" + "A" * 64, "e2b_" + "g" * 64, "E2B_" + "a" * 64],
+)
+def test_parse_refuses_malformed_e2b_keys(token: str) -> None:
+    with pytest.raises(KeyFormatError):
+        parse(token)

@@ -84,11 +84,17 @@ def find_org(session: Session, ref: str) -> Organization:
     return org
 
 
-def issue_key(session: Session, org_ref: str, subject: str, scopes: Sequence[str] = ()) -> store.IssuedKey:
+def issue_key(
+    session: Session,
+    org_ref: str,
+    subject: str,
+    scopes: Sequence[str] = (),
+    key_format: keys.KeyFormat = "warren",
+) -> store.IssuedKey:
     """A new key for `subject` (made a user of the organization if it is not one yet)."""
     org = find_org(session, org_ref)
     user = store.ensure_user(session, org.id, subject)
-    return store.issue_api_key(session, org.id, user.id, list(scopes))
+    return store.issue_api_key(session, org.id, user.id, list(scopes), key_format)
 
 
 def _key_id(key: str) -> str:

@@ -3,7 +3,8 @@
     warren-control admin migrate
     warren-control admin create-org NAME [--quota-sandboxes N] [--quota-cpu-millis N]
         [--quota-memory-mib N] [--idle-timeout S] [--max-lifetime S] [--may-persist]
-    warren-control admin issue-key ORG USER [--scope S]...   prints the key, the only time it is shown
+    warren-control admin issue-key ORG USER [--scope S]... [--e2b]
+                                   prints the key, the only time it is shown (--e2b: as e2b_<hex>)
     warren-control admin revoke-key KEY                      a key id, or the whole key
     warren-control admin list-keys [--org ORG]
 
@@ -106,7 +107,9 @@ def admin_issue_key(args: argparse.Namespace) -> int:
     from warren_control import admin
 
     with _session(args) as session:
-        issued = admin.issue_key(session, args.org, args.user, args.scope or ())
+        issued = admin.issue_key(
+            session, args.org, args.user, args.scope or (), "e2b" if args.e2b else "warren"
+        )
     # Printed after the commit, so a key that is shown is a key that works.
     print(issued.token)
     print(f"key {issued.key_id}: shown this once, only a hash of it is kept", file=sys.stderr)
@@ -189,6 +192,9 @@ def add_admin_parser(commands: Any) -> None:
     issue.add_argument("org", help="organization id or name")
     issue.add_argument("user", help="the user's subject (made a user of the organization if new)")
     issue.add_argument("--scope", action="append", help="a scope the key carries (repeatable)")
+    issue.add_argument(
+        "--e2b", action="store_true", help="in E2B's shape (e2b_<hex>), for programs that use the E2B SDK"
+    )
 
     revoke = action("revoke-key", admin_revoke_key, "revoke an API key")
     revoke.add_argument("key", help="the key id, or the whole key")

@@ -400,6 +400,12 @@ class Cluster:
         return result
 
 
+def check_lifetime(org: Organization, seconds: int) -> None:
+    if seconds > org.max_lifetime_s:
+        limit = org.max_lifetime_s
+        raise ApiError(403, "forbidden", f"a lifetime may be at most {limit} s in this organization")
+
+
 def org_hash(org_id: str) -> str:
     return hashlib.sha256(org_id.encode()).hexdigest()[:32]
 
@@ -480,7 +486,10 @@ class _Target:
     names: tuple[str, ...]
 
 
-class _Api:
+class ApiService:
+    """What the routes do, apart from HTTP: Warren's own /v1 routes and the E2B-compatible
+    ones (e2b.py) share it."""
+
     def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
         options = settings.engine_options
@@ -698,6 +707,156 @@ class _Api:
             store.keep_alive(session, who.org, sandbox_id)
         return _Target(pod=name, names=(name, object_name, uid, self.settings.namespace))
 
+    # ---- the operations both surfaces offer
+
+    def create(
+        self,
+        who: Identity,
+        body: CreateSandboxRequest,
+        key: str | None,
+        *,
+        route: str = "/v1/sandboxes",
+        extra: dict[str, Any] | None = None,
+    ) -> tuple[int, Any, bool]:
+        """Record a sandbox and write its resource: (status, the record as /v1 shows it,
+        whether it was a replay). `extra` joins the spec (the E2B surface's metadata, env,
+        template name and lifetime)."""
+        self.check_capabilities(body)
+        made: list[Sandbox] = []
+
+        def action(session: Session) -> tuple[int, Any]:
+            org, user = self.org_and_user(session, who)
+            spec = self.spec(body, org)
+            if extra:
+                spec.update(extra)
+                check_lifetime(org, int(spec["max_lifetime_s"]))
+            self.check_template(session, org.id, body.workspace.template if body.workspace else None)
+            try:
+                record = self.new_record(session, org, user, spec)
+            except store.QuotaExceeded as exc:
+                raise ApiError(403, "quota_exceeded", str(exc)) from exc
+            except store.PersistenceNotAllowedError as exc:
+                raise ApiError(403, "forbidden", str(exc)) from exc
+            made.append(record)
+            return 201, self.public(record)
+
+        request = {"user": who.user, "body": body.model_dump(mode="json")}
+        if extra:
+            request["extra"] = extra
+        fingerprint = store.request_hash("POST", route, request)
+        status, response, replayed = _store_errors(lambda: self.run(who, key, fingerprint, action))
+        if made and not replayed:
+            failure = self.write_resource(made[0])
+            if failure is not None:
+                self.restate(who.org, key, None, None)  # a retry with the same key may act again
+                code, message = failure.split(":", 1)
+                raise ApiError(400 if code == "invalid_request" else 503, code, message)
+        return status, response, replayed
+
+    def delete(self, who: Identity, sandbox_id: str) -> dict[str, Any]:
+        """Delete a sandbox (Terminating until its resource is gone); the record as /v1 shows it."""
+        with self.sessions.begin() as session:
+            record = self.find(session, who, sandbox_id)
+            if record.phase is not SandboxPhase.TERMINATING:
+                store.set_phase(session, record, SandboxPhase.TERMINATING)
+            object_name = record.object_name
+        # Terminating until the resource is gone: its pod may still hold what the quota counts.
+        self.cluster.delete(object_name)
+        obj = self.cluster.read(object_name)
+        with self.sessions.begin() as session:
+            record = self.find(session, who, sandbox_id)
+            if obj is None:
+                store.set_phase(session, record, SandboxPhase.DELETED)
+            else:
+                converge(session, record, obj, self.settings.namespace)
+            return self.public(record)
+
+    def fork(
+        self,
+        who: Identity,
+        sandbox_id: str,
+        count: int,
+        key: str | None,
+        *,
+        route: str | None = None,
+        lifetime_s: int | None = None,
+    ) -> tuple[int, Any, bool]:
+        """Fork a sandbox's workspace into `count` new sandboxes, each succeeding or failing
+        on its own: (status, {"results": [...]}, whether it was a replay). `lifetime_s`
+        gives the children a lifetime of their own (from now) instead of their parent's."""
+        self.need_workspaces("a fork")
+        made: list[tuple[int, Sandbox]] = []
+
+        def action(session: Session) -> tuple[int, Any]:
+            org, user = self.org_and_user(session, who)
+            parent = self.find(session, who, sandbox_id)
+            if parent.phase is SandboxPhase.TERMINATING and not parent.spec.get("stopped"):
+                raise ApiError(409, "conflict", "the sandbox is being deleted")
+            if not parent.workspace_id:
+                raise ApiError(409, "conflict", "the sandbox has no workspace to fork")
+            spec = {
+                **parent.spec,
+                "stopped": False,
+                "workspace": {
+                    "size_gib": (parent.spec.get("workspace") or {}).get("size_gib", 10),
+                    "template": None,
+                    "fork_of": parent.workspace_id,
+                },
+                "forked_from": parent.id,
+            }
+            if lifetime_s is not None:
+                check_lifetime(org, lifetime_s)
+                spec["max_lifetime_s"] = lifetime_s
+            results: list[dict[str, Any]] = []
+            for index in range(count):
+                try:
+                    child = self.new_record(session, org, user, spec)
+                except store.QuotaExceeded as exc:
+                    results.append({"ok": False, "error": "quota_exceeded", "message": str(exc)})
+                    continue
+                except store.PersistenceNotAllowedError as exc:
+                    results.append({"ok": False, "error": "forbidden", "message": str(exc)})
+                    continue
+                made.append((index, child))
+                results.append({"ok": True, "sandbox": self.public(child)})
+            return 200, {"results": results}
+
+        request: dict[str, Any] = {"user": who.user, "count": count}
+        if lifetime_s is not None:
+            request["lifetime_s"] = lifetime_s
+        fingerprint = store.request_hash("POST", route or f"/v1/sandboxes/{sandbox_id}/fork", request)
+        status, response, replayed = _store_errors(lambda: self.run(who, key, fingerprint, action))
+        changed = False
+        for index, child in [] if replayed else made:
+            failure = self.write_resource(child)
+            if failure is not None:
+                code, message = failure.split(":", 1)
+                response["results"][index] = {"ok": False, "error": code, "message": message}
+                changed = True
+        if changed:
+            self.restate(who.org, key, status, response)
+        return status, response, replayed
+
+    def set_stopped(self, who: Identity, sandbox_id: str, stopped: bool) -> dict[str, Any]:
+        """Stop a sandbox (its processes end, its workspace stays) or start it again; the
+        record as /v1 shows it."""
+        with self.sessions() as session:
+            object_name = self.find(session, who, sandbox_id).object_name
+        # The resource says whether it is being deleted (the record's Terminating may only
+        # mean a stopping pod).
+        obj = self.cluster.read(object_name)
+        if obj is not None and (obj.get("metadata") or {}).get("deletionTimestamp"):
+            raise ApiError(409, "conflict", "the sandbox is being deleted")
+        if obj is None or self.cluster.patch(object_name, {"spec": {"stopped": stopped}}) is None:
+            raise ApiError(409, "conflict", "the cluster holds nothing for this sandbox")
+        with self.sessions.begin() as session:
+            record = self.find(session, who, sandbox_id)
+            record.spec = {**record.spec, "stopped": stopped}
+            if not stopped:
+                record.touch()  # starting is activity, and restarts a timer the reaper paused
+            session.flush()
+            return self.public(record)
+
 
 async def _identity(request: Request) -> Identity:
     """The verified identity of the request: the stamp, checked with this app's key."""
@@ -722,7 +881,7 @@ FilePath = Annotated[str, Query(min_length=1, max_length=4096, description="An a
 
 def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are the app)
     """The API as an ASGI app. The database must be migrated already (db.upgrade)."""
-    api = _Api(settings)
+    api = ApiService(settings)
 
     app = FastAPI(
         title="Warren API",
@@ -771,32 +930,7 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
         summary="Create a sandbox",
     )
     def create_sandbox(body: CreateSandboxRequest, who: Who, key: IdempotencyKey = None) -> Response:
-        api.check_capabilities(body)
-        made: list[Sandbox] = []
-
-        def action(session: Session) -> tuple[int, Any]:
-            org, user = api.org_and_user(session, who)
-            spec = api.spec(body, org)
-            api.check_template(session, org.id, body.workspace.template if body.workspace else None)
-            try:
-                record = api.new_record(session, org, user, spec)
-            except store.QuotaExceeded as exc:
-                raise ApiError(403, "quota_exceeded", str(exc)) from exc
-            except store.PersistenceNotAllowedError as exc:
-                raise ApiError(403, "forbidden", str(exc)) from exc
-            made.append(record)
-            return 201, api.public(record)
-
-        fingerprint = store.request_hash(
-            "POST", "/v1/sandboxes", {"user": who.user, "body": body.model_dump(mode="json")}
-        )
-        status, response, replayed = _store_errors(lambda: api.run(who, key, fingerprint, action))
-        if made and not replayed:
-            failure = api.write_resource(made[0])
-            if failure is not None:
-                api.restate(who.org, key, None, None)  # a retry with the same key may act again
-                code, message = failure.split(":", 1)
-                raise ApiError(400 if code == "invalid_request" else 503, code, message)
+        status, response, replayed = api.create(who, body, key)
         headers = {"Location": f"/v1/sandboxes/{response['id']}"} if status == 201 else {}  # noqa: PLR2004
         if replayed:
             headers["Idempotent-Replayed"] = "true"
@@ -846,21 +980,7 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
         summary="Delete a sandbox and its workspace",
     )
     def delete_sandbox(sandbox_id: str, who: Who) -> Response:
-        with api.sessions.begin() as session:
-            record = api.find(session, who, sandbox_id)
-            if record.phase is not SandboxPhase.TERMINATING:
-                store.set_phase(session, record, SandboxPhase.TERMINATING)
-            object_name = record.object_name
-        # Terminating until the resource is gone: its pod may still hold what the quota counts.
-        api.cluster.delete(object_name)
-        obj = api.cluster.read(object_name)
-        with api.sessions.begin() as session:
-            record = api.find(session, who, sandbox_id)
-            if obj is None:
-                store.set_phase(session, record, SandboxPhase.DELETED)
-            else:
-                converge(session, record, obj, settings.namespace)
-            return JSONResponse(api.public(record), status_code=202)
+        return JSONResponse(api.delete(who, sandbox_id), status_code=202)
 
     @router.post(
         "/sandboxes/{sandbox_id}/fork",
@@ -871,73 +991,9 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
     def fork_sandbox(
         sandbox_id: str, who: Who, body: Annotated[ForkRequest, Body()], key: IdempotencyKey = None
     ) -> Response:
-        api.need_workspaces("a fork")
-        made: list[tuple[int, Sandbox]] = []
-
-        def action(session: Session) -> tuple[int, Any]:
-            org, user = api.org_and_user(session, who)
-            parent = api.find(session, who, sandbox_id)
-            if parent.phase is SandboxPhase.TERMINATING and not parent.spec.get("stopped"):
-                raise ApiError(409, "conflict", "the sandbox is being deleted")
-            if not parent.workspace_id:
-                raise ApiError(409, "conflict", "the sandbox has no workspace to fork")
-            spec = {
-                **parent.spec,
-                "stopped": False,
-                "workspace": {
-                    "size_gib": (parent.spec.get("workspace") or {}).get("size_gib", 10),
-                    "template": None,
-                    "fork_of": parent.workspace_id,
-                },
-                "forked_from": parent.id,
-            }
-            results: list[dict[str, Any]] = []
-            for index in range(body.count):
-                try:
-                    child = api.new_record(session, org, user, spec)
-                except store.QuotaExceeded as exc:
-                    results.append({"ok": False, "error": "quota_exceeded", "message": str(exc)})
-                    continue
-                except store.PersistenceNotAllowedError as exc:
-                    results.append({"ok": False, "error": "forbidden", "message": str(exc)})
-                    continue
-                made.append((index, child))
-                results.append({"ok": True, "sandbox": api.public(child)})
-            return 200, {"results": results}
-
-        fingerprint = store.request_hash(
-            "POST", f"/v1/sandboxes/{sandbox_id}/fork", {"user": who.user, "count": body.count}
-        )
-        status, response, replayed = _store_errors(lambda: api.run(who, key, fingerprint, action))
-        changed = False
-        for index, child in [] if replayed else made:
-            failure = api.write_resource(child)
-            if failure is not None:
-                code, message = failure.split(":", 1)
-                response["results"][index] = {"ok": False, "error": code, "message": message}
-                changed = True
-        if changed:
-            api.restate(who.org, key, status, response)
+        status, response, replayed = api.fork(who, sandbox_id, body.count, key)
         headers = {"Idempotent-Replayed": "true"} if replayed else {}
         return JSONResponse(response, status_code=status, headers=headers)
-
-    def set_stopped(who: Identity, sandbox_id: str, stopped: bool) -> Response:
-        with api.sessions() as session:
-            object_name = api.find(session, who, sandbox_id).object_name
-        # The resource says whether it is being deleted (the record's Terminating may only
-        # mean a stopping pod).
-        obj = api.cluster.read(object_name)
-        if obj is not None and (obj.get("metadata") or {}).get("deletionTimestamp"):
-            raise ApiError(409, "conflict", "the sandbox is being deleted")
-        if obj is None or api.cluster.patch(object_name, {"spec": {"stopped": stopped}}) is None:
-            raise ApiError(409, "conflict", "the cluster holds nothing for this sandbox")
-        with api.sessions.begin() as session:
-            record = api.find(session, who, sandbox_id)
-            record.spec = {**record.spec, "stopped": stopped}
-            if not stopped:
-                record.touch()  # starting is activity, and restarts a timer the reaper paused
-            session.flush()
-            return JSONResponse(api.public(record), status_code=202)
 
     @router.post(
         "/sandboxes/{sandbox_id}/stop",
@@ -954,7 +1010,7 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
                 raise unsupported("memory_capture", "memory capture is off on this deployment")
             raise unsupported("memory_capture", "this version cannot capture a gVisor sandbox's memory")
         api.need_workspaces("stopping (only the workspace outlives the processes)")
-        return set_stopped(who, sandbox_id, True)
+        return JSONResponse(api.set_stopped(who, sandbox_id, True), status_code=202)
 
     @router.post(
         "/sandboxes/{sandbox_id}/start",
@@ -964,7 +1020,7 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
         summary="Start a stopped sandbox again, on the same workspace",
     )
     def start_sandbox(sandbox_id: str, who: Who) -> Response:
-        return set_stopped(who, sandbox_id, False)
+        return JSONResponse(api.set_stopped(who, sandbox_id, False), status_code=202)
 
     @router.post(
         "/sandboxes/{sandbox_id}/keepalive",

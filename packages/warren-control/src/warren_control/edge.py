@@ -1,7 +1,8 @@
 """The edge: the one place that authenticates clients.
 
-A client presents ``Authorization: Bearer wk_...`` (an API key) or ``Authorization: Bearer
-<JWT>`` (OIDC). The edge resolves who that is, strips every ``X-Warren-*`` header the client
+A client presents ``Authorization: Bearer wk_...`` (an API key), ``Authorization: Bearer
+<JWT>`` (OIDC) or, as the E2B SDK does, ``X-API-KEY: e2b_...`` (an API key in either
+format). The edge resolves who that is, strips every ``X-Warren-*`` header the client
 sent (so a client cannot speak for the edge), and forwards the request to the API with a
 freshly signed identity stamp. The response, streamed bodies included, is relayed as it
 arrives so exec output reaches the client live.
@@ -50,7 +51,15 @@ _HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-_REQUEST_DROP = _HOP_BY_HOP | {b"host", b"authorization", b"cookie", b"expect", b"forwarded", b"x-real-ip"}
+_REQUEST_DROP = _HOP_BY_HOP | {
+    b"host",
+    b"authorization",
+    b"x-api-key",
+    b"cookie",
+    b"expect",
+    b"forwarded",
+    b"x-real-ip",
+}
 _REQUEST_DROP_PREFIXES = (b"x-warren-", b"x-forwarded-")
 _STAMP_HEADER = stamps.HEADER.lower().encode("ascii")
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -149,6 +158,14 @@ class _Edge:
 
     async def authenticate(self, request: Request) -> Identity:
         values = request.headers.getlist("authorization")
+        api_keys = request.headers.getlist("x-api-key")
+        if api_keys:
+            if values or len(api_keys) > 1:
+                raise _unauthenticated("more than one credential: send Authorization or X-API-KEY, once")
+            token = api_keys[0].strip()
+            if not keys.looks_like_key(token):
+                raise _unauthenticated("X-API-KEY holds no API key: send an e2b_... or wk_... key")
+            return await self._from_api_key(token)
         if not values:
             raise _unauthenticated("missing credentials: send Authorization: Bearer <API key or token>")
         if len(values) > 1:

@@ -1,8 +1,14 @@
-"""API keys: ``wk_<key id>_<secret>``.
+"""API keys, in two formats that resolve alike:
 
-The key id (12 base32 characters) finds the record; the secret (43 urlsafe characters, 256
-random bits) proves possession. Only SHA-256 of the secret is stored: the secret is random
-and long, so a slow password hash would add latency to every request and no strength.
+- Warren's own, ``wk_<key id>_<secret>``: the key id is 12 base32 characters, the secret 43
+  urlsafe characters (256 random bits).
+- E2B's shape, ``e2b_<hex>``, for programs written against the E2B SDK (whose
+  ``E2B_API_KEY`` holds it): 64 hex digits, the key id (16) then the secret (48, 192 random
+  bits). The two key ids differ in length, so they never collide in the records.
+
+The key id finds the record; the secret proves possession. Only SHA-256 of the secret is
+stored: the secret is random and long, so a slow password hash would add latency to every
+request and no strength.
 """
 
 from __future__ import annotations
@@ -12,17 +18,24 @@ import hmac
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 PREFIX = "wk_"
 KEY_ID_CHARS = 12
 SECRET_BYTES = 32
 SECRET_CHARS = 43  # base64url of 32 bytes, unpadded
 _BASE32 = "abcdefghijklmnopqrstuvwxyz234567"
+E2B_PREFIX = "e2b_"
+E2B_KEY_ID_HEX = 16
+E2B_SECRET_BYTES = 24
 # The secret's alphabet includes "_", so the token is split by position, not by separator.
 _TOKEN = re.compile(
     rf"{PREFIX}(?P<key_id>[a-z2-7]{{{KEY_ID_CHARS}}})_(?P<secret>[A-Za-z0-9_-]{{{SECRET_CHARS}}})"
 )
+_E2B_TOKEN = re.compile(
+    rf"{E2B_PREFIX}(?P<key_id>[0-9a-f]{{{E2B_KEY_ID_HEX}}})(?P<secret>[0-9a-f]{{{E2B_SECRET_BYTES * 2}}})"
+)
+KeyFormat = Literal["warren", "e2b"]
 
 
 class KeyFormatError(ValueError):
@@ -65,21 +78,34 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("ascii")).hexdigest()
 
 
-def new_key() -> NewKey:
-    key_id = "".join(secrets.choice(_BASE32) for _ in range(KEY_ID_CHARS))
-    secret = secrets.token_urlsafe(SECRET_BYTES)
-    return NewKey(token=f"{PREFIX}{key_id}_{secret}", key_id=key_id, secret_sha256=hash_secret(secret))
+def new_key(key_format: KeyFormat = "warren") -> NewKey:
+    if key_format == "e2b":
+        key_id = secrets.token_hex(E2B_KEY_ID_HEX // 2)
+        secret = secrets.token_hex(E2B_SECRET_BYTES)
+        token = f"{E2B_PREFIX}{key_id}{secret}"
+    else:
+        key_id = "".join(secrets.choice(_BASE32) for _ in range(KEY_ID_CHARS))
+        secret = secrets.token_urlsafe(SECRET_BYTES)
+        token = f"{PREFIX}{key_id}_{secret}"
+    return NewKey(token=token, key_id=key_id, secret_sha256=hash_secret(secret))
 
 
 def looks_like_key(token: str) -> bool:
     """Whether a bearer token is meant as an API key (as opposed to a JWT)."""
-    return token.startswith(PREFIX)
+    return token.startswith((PREFIX, E2B_PREFIX))
 
 
 def parse(token: str) -> ParsedKey:
-    match = _TOKEN.fullmatch(token)
-    if match is None:
-        raise KeyFormatError("not an API key: expected wk_<key id>_<secret>")
+    if token.startswith(E2B_PREFIX):
+        match = _E2B_TOKEN.fullmatch(token)
+        if match is None:
+            raise KeyFormatError(
+                f"not an API key: expected e2b_ and {E2B_KEY_ID_HEX + 2 * E2B_SECRET_BYTES} hex digits"
+            )
+    else:
+        match = _TOKEN.fullmatch(token)
+        if match is None:
+            raise KeyFormatError("not an API key: expected wk_<key id>_<secret>")
     return ParsedKey(key_id=match["key_id"], secret=match["secret"])
 
 

@@ -175,9 +175,11 @@ def add_api_key(
     return key
 
 
-def issue_api_key(session: Session, org_id: str, user_id: str, scopes: Sequence[str]) -> IssuedKey:
-    """A new key in the edge's format (see keys.py); only the hash of its secret is stored."""
-    made = keys.new_key()
+def issue_api_key(
+    session: Session, org_id: str, user_id: str, scopes: Sequence[str], key_format: keys.KeyFormat = "warren"
+) -> IssuedKey:
+    """A new key in one of the edge's formats (see keys.py); only the hash of its secret is stored."""
+    made = keys.new_key(key_format)
     add_api_key(session, org_id, user_id, scopes, key_id=made.key_id, secret_sha256=made.secret_sha256)
     return IssuedKey(token=made.token, key_id=made.key_id)
 
