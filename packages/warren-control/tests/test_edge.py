@@ -199,7 +199,9 @@ def test_unknown_key_and_wrong_secret_get_the_same_answer(stack: Stack) -> None:
     answers = [httpx.get(f"{stack.edge}/v1/whoami", headers=bearer(t)) for t in (unknown, wrong_secret)]
     assert [a.status_code for a in answers] == [401, 401]
     assert (
-        answers[0].json() == answers[1].json() == {"error": "unauthenticated", "message": "invalid API key"}
+        answers[0].json()
+        == answers[1].json()
+        == {"error": "unauthenticated", "message": "invalid API key", "code": 401}
     )
 
 
@@ -269,7 +271,11 @@ def test_edge_without_oidc_refuses_tokens(stack: Stack) -> None:
 def test_scope_hook_refuses_with_403(stack: Stack) -> None:
     response = httpx.get(f"{stack.edge}/admin/orgs", headers=bearer(stack.key_a.token))
     assert response.status_code == 403
-    assert response.json() == {"error": "forbidden", "message": "this request needs the 'admin' scope"}
+    assert response.json() == {
+        "error": "forbidden",
+        "message": "this request needs the 'admin' scope",
+        "code": 403,
+    }
 
 
 def test_method_path_query_and_body_are_forwarded(stack: Stack) -> None:

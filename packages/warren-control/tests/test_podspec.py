@@ -228,6 +228,7 @@ def test_workspace_volume_that_holds_host_state_or_loses_data_is_refused(volume:
         ({"spec": {}}, "spec.image"),
         ({"spec": {"image": ""}}, "spec.image"),
         ({"spec": {"image": "x", "command": "sleep 1"}}, "spec.command"),
+        ({"spec": {"image": "x", "env": {"A": 1}}}, "spec.env"),
         ({"spec": {"image": "x", "resources": {"cpu": True}}}, "spec.resources.cpu"),
         ({"spec": {"image": "x", "resources": {"memory": " "}}}, "spec.resources.memory"),
         ({"metadata": {"name": "s1", "namespace": "n"}}, "metadata.uid"),
@@ -250,6 +251,18 @@ def test_spec_hash_follows_what_reaches_the_pod_only() -> None:
     assert spec_hash(sandbox(image="other")) != base
     assert spec_hash(sandbox(command=["sh"])) != base
     assert spec_hash(sandbox(resources={"cpu": 2})) != base
+    # Env is part of the pod once set; a Sandbox without it keeps the hash it always had.
+    assert spec_hash(sandbox(env={"A": "1"})) != base
+    assert spec_hash(sandbox(env={})) == base
+
+
+def test_env_reaches_the_container_in_a_stable_order() -> None:
+    pod = pod_for(sandbox(env={"B": "2", "A": "one=1"}))
+    assert pod["spec"]["containers"][0]["env"] == [
+        {"name": "A", "value": "one=1"},
+        {"name": "B", "value": "2"},
+    ]
+    assert "env" not in pod_for(sandbox())["spec"]["containers"][0]
 
 
 def test_pod_for_does_not_modify_the_sandbox() -> None:

@@ -23,8 +23,8 @@ import json
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -57,6 +57,7 @@ from warren_control.podspec import (
     VERSION,
     pod_name,
 )
+from warren_control.templates import Template
 from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore, WorkspaceStoreError
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,10 @@ class ApiSettings:
     read_through: bool = True
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     engine_options: dict[str, Any] | None = None
+    # What the E2B surface's templateID names (e2b.py), and the domain its sandboxes' hosts
+    # are under ({port}-{id}.{domain}; None: the client's own E2B_DOMAIN).
+    templates: Mapping[str, Template] = field(default_factory=dict)
+    sandbox_domain: str | None = None
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -422,6 +427,8 @@ def _resource(record: Sandbox, namespace: str) -> Obj:
     }
     if spec.get("command"):
         body["command"] = list(spec["command"])
+    if spec.get("env"):
+        body["env"] = dict(spec["env"])
     workspace = spec.get("workspace")
     if workspace:
         body["workspace"] = {"id": record.workspace_id or "", "size": f"{workspace['size_gib']}Gi"}
@@ -1217,6 +1224,10 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
         return JSONResponse({"path": path, "size": len(data)})
 
     app.include_router(router)
+    # The E2B SDK's routes, at the root where it looks for them (E2B_API_URL is the edge).
+    from warren_control import e2b  # e2b builds on this module: imported once both exist
+
+    app.include_router(e2b.make_router(api, settings.templates, settings.sandbox_domain))
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, bool]:

@@ -75,7 +75,18 @@ def _api_settings(args: argparse.Namespace, *, read_through: bool) -> Any:
         ),
         read_through=read_through,
         workspace_retention_s=args.workspace_retention_hours * 3600,
+        templates=dict(args.template),
+        sandbox_domain=args.sandbox_domain,
     )
+
+
+def _template(text: str) -> tuple[str, Any]:
+    from warren_control import templates
+
+    try:
+        return templates.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _api_app(settings: Any) -> Any:
@@ -456,6 +467,18 @@ def _serve_parser(commands: Any) -> None:
     )
     add_request_arguments(serve)
     serve.add_argument(
+        "--template",
+        action="append",
+        type=_template,
+        default=[],
+        metavar="NAME=IMAGE",
+        help="api: a template the E2B surface's templateID may name (repeatable)",
+    )
+    serve.add_argument(
+        "--sandbox-domain",
+        help="api: the domain sandboxes' hosts are under ({port}-{id}.DOMAIN) as E2B clients see it",
+    )
+    serve.add_argument(
         "--no-read-through",
         action="store_true",
         help="api: answer reads from the records alone (a status mirror is deployed)",
@@ -464,7 +487,9 @@ def _serve_parser(commands: Any) -> None:
     # edge and the API serve in every one.
     add_arguments(serve)
     serve.add_argument("--resync-seconds", type=float, default=60.0, help="mirror: full pass interval")
-    serve.add_argument("--reap-interval", type=float, default=30.0, help="reaper: seconds between sweeps")
+    # Short: an E2B sandbox's timeout is an end time a client expects kept within seconds, and
+    # a sweep is one indexed query.
+    serve.add_argument("--reap-interval", type=float, default=5.0, help="reaper: seconds between sweeps")
     serve.add_argument("--oidc-issuer", help="edge: accept bearer tokens from this issuer")
     serve.add_argument("--oidc-audience", help="edge: the audience tokens must name")
     serve.add_argument("--oidc-org-claim", default="org", help="edge: the claim naming the organization")

@@ -76,9 +76,9 @@ class _EdgeError(Exception):
 
     def response(self) -> Response:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == HTTPStatus.UNAUTHORIZED else None
-        return JSONResponse(
-            {"error": self.error, "message": self.message}, status_code=self.status, headers=headers
-        )
+        # `code` as well: E2B's SDK reads errors as {code, message}, and it meets the edge first.
+        body = {"error": self.error, "message": self.message, "code": self.status}
+        return JSONResponse(body, status_code=self.status, headers=headers)
 
 
 def _unauthenticated(message: str) -> _EdgeError:

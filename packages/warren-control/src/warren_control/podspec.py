@@ -132,6 +132,8 @@ def spec_hash(sandbox: Mapping[str, Any]) -> str:
     nor upgrading the controller restarts a sandbox."""
     spec = sandbox.get("spec") or {}
     relevant = {key: spec.get(key) for key in ("image", "command", "resources", "workspace")}
+    if spec.get("env"):  # only when set, so sandboxes made before env existed keep their hash
+        relevant["env"] = spec["env"]
     canonical = json.dumps(relevant, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -231,6 +233,14 @@ def pod_for(
     }
     if command:
         container["command"] = list(command)
+    env = spec.get("env")
+    if env is not None and (
+        not isinstance(env, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise SandboxSpecError("spec.env must map variable names to string values")
+    if env:
+        container["env"] = [{"name": name, "value": env[name]} for name in sorted(env)]
 
     pod_spec: Obj = {
         "runtimeClassName": options.runtime_class,

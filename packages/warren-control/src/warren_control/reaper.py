@@ -41,7 +41,7 @@ Reason = Literal["lifetime", "idle"]
 
 @dataclass(frozen=True)
 class ReaperOptions:
-    interval_s: float = 30.0
+    interval_s: float = 5.0
     batch: int = 100
     workspace_retention_s: float = DEFAULT_RETENTION_S
     collect_interval_s: float = 3600.0  # between chunk collections (each lists the whole store)

@@ -357,7 +357,7 @@ class Page:
     next_cursor: str | None  # None: this was the last page
 
 
-def _encode_cursor(sandbox: Sandbox) -> str:
+def cursor_after(sandbox: Sandbox) -> str:
     # Only what the page's last item already shows the client: its creation time and id.
     raw = json.dumps([sandbox.created_at.isoformat(), sandbox.id], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
@@ -385,8 +385,9 @@ def list_sandboxes(
     limit: int = 50,
     cursor: str | None = None,
     include_deleted: bool = False,
+    descending: bool = False,
 ) -> Page:
-    """The organization's sandboxes oldest first, `limit` at a time.
+    """The organization's sandboxes oldest first (newest first if `descending`), `limit` at a time.
 
     Keyset pagination on (created_at, id): a page starts strictly after the previous page's last
     item, so records created or deleted meanwhile shift nothing (no duplicates, no gaps).
@@ -398,13 +399,19 @@ def list_sandboxes(
         query = query.where(Sandbox.deleted_at.is_(None))
     if cursor is not None:
         after, after_id = _decode_cursor(cursor)
-        query = query.where(
-            or_(Sandbox.created_at > after, and_(Sandbox.created_at == after, Sandbox.id > after_id))
-        )
-    rows = list(session.scalars(query.order_by(Sandbox.created_at, Sandbox.id).limit(limit + 1)))
+        if descending:
+            query = query.where(
+                or_(Sandbox.created_at < after, and_(Sandbox.created_at == after, Sandbox.id < after_id))
+            )
+        else:
+            query = query.where(
+                or_(Sandbox.created_at > after, and_(Sandbox.created_at == after, Sandbox.id > after_id))
+            )
+    order = (Sandbox.created_at.desc(), Sandbox.id.desc()) if descending else (Sandbox.created_at, Sandbox.id)
+    rows = list(session.scalars(query.order_by(*order).limit(limit + 1)))
     more = len(rows) > limit
     items = rows[:limit]
-    return Page(items=items, next_cursor=_encode_cursor(items[-1]) if more else None)
+    return Page(items=items, next_cursor=cursor_after(items[-1]) if more else None)
 
 
 def set_phase(

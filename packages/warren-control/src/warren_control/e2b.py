@@ -1,0 +1,517 @@
+"""The E2B-compatible REST surface: the routes the official E2B SDK calls, on Warren's sandboxes.
+
+A program written for E2B runs against Warren with `E2B_API_URL` naming the edge and
+`E2B_API_KEY` holding a key Warren issued (`warren-control admin issue-key ORG USER --e2b`).
+The edge authenticates it like any other request (the SDK sends `X-API-KEY`); these routes
+then do what the /v1 routes do, through the same ApiService, with E2B's names and shapes:
+
+- a sandbox's E2B id is its Warren id without the `sbx_` prefix (lower-case base32, so it
+  fits in a host name: `{port}-{id}.{domain}`); the Warren id is accepted as well;
+- `templateID` names a template the operator configured (`serve --template NAME=IMAGE`);
+- `timeout` is the sandbox's end time from now, enforced by the reaper; `POST
+  .../timeout` moves it, within the organization's longest lifetime;
+- pause is Warren's stop: the workspace stays and the processes end. Memory is not captured
+  yet, so a request that asks for memory explicitly (`memory: true`) is refused as an
+  unsupported capability; the API's default (the field left out) is a filesystem pause;
+- errors are E2B's `{"code": status, "message": text}`.
+
+Requests E2B's API accepts but this deployment cannot carry out exactly (auto-pause, a
+network policy, MCP, IAM, volume mounts, turning internet access off) are refused with 400
+naming the field, never dropped in silence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import re
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl, unquote
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field
+
+from warren_control import store
+from warren_control.api import (
+    ApiError,
+    ApiService,
+    ClusterError,
+    CreateSandboxRequest,
+    IdempotencyKey,
+    Who,
+)
+from warren_control.identity import Identity
+from warren_control.models import Sandbox, SandboxPhase, utcnow
+from warren_control.templates import Template
+
+# The envd protocol version Warren's agent speaks: the SDK turns features on by it.
+ENVD_VERSION = "0.6.4"
+CLIENT_ID = "warren"
+DEFAULT_TIMEOUT_S = 300  # E2B's default sandbox timeout
+MAX_LIST = 100
+_E2B_ID = re.compile(r"[a-z2-7]{26}")
+_WARREN_PREFIX = "sbx_"
+
+State = Literal["running", "paused"]
+
+
+# --- ids and tokens ----------------------------------------------------------------------------
+
+
+def e2b_id(sandbox_id: str) -> str:
+    return sandbox_id.removeprefix(_WARREN_PREFIX)
+
+
+def warren_id(sandbox_id: str) -> str:
+    """The Warren id of an E2B id (or of a Warren id). Anything else maps to an id no
+    record has, so it is simply not found."""
+    if _E2B_ID.fullmatch(sandbox_id):
+        return _WARREN_PREFIX + sandbox_id
+    return sandbox_id
+
+
+def access_token(stamp_key: bytes, sandbox_id: str) -> str:
+    """The sandbox's agent token (`envdAccessToken`): derived from the control plane's key,
+    so it is never stored and the same on every replica; nobody without the key can make it."""
+    key = hmac.new(stamp_key, b"warren agent access token", hashlib.sha256).digest()
+    return hmac.new(key, sandbox_id.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+# --- requests ----------------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    # E2B's bodies grow fields; what this surface does not know is ignored unless it asks for
+    # something (see refuse_unsupported), so a newer SDK keeps working.
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class NewSandbox(_Body):
+    template_id: str = Field(alias="templateID", min_length=1, max_length=256)
+    timeout: int | None = Field(default=None, ge=1)
+    metadata: dict[str, str] | None = None
+    env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
+    auto_pause: bool | None = Field(default=None, alias="autoPause")
+    auto_resume: dict[str, Any] | None = Field(default=None, alias="autoResume")
+    allow_internet_access: bool | None = None
+    network: dict[str, Any] | None = None
+    mcp: dict[str, Any] | None = None
+    iam: dict[str, Any] | None = None
+    volume_mounts: list[Any] | None = Field(default=None, alias="volumeMounts")
+
+
+class TimeoutBody(_Body):
+    timeout: int = Field(ge=0)
+
+
+class ConnectBody(_Body):
+    timeout: int | None = Field(default=None, ge=1)
+    memory: bool | None = None
+
+
+class PauseBody(_Body):
+    memory: bool | None = None
+
+
+class ForkBody(_Body):
+    timeout: int | None = Field(default=None, ge=1)
+    count: int = Field(default=1, ge=1, le=100)
+
+
+class RefreshBody(_Body):
+    duration: int | None = Field(default=None, ge=0)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+
+
+def check_env(env: Mapping[str, str]) -> None:
+    for name in env:
+        if not _ENV_NAME.fullmatch(name):
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"envVars: {name[:64]!r} is not a variable name: letters, digits and _, not first a digit",
+            )
+
+
+def refuse_unsupported(body: NewSandbox) -> None:
+    asked = {
+        "autoPause": bool(body.auto_pause),
+        "autoResume": bool(body.auto_resume and body.auto_resume.get("enabled", True)),
+        "allow_internet_access": body.allow_internet_access is False,
+        "network": bool(body.network),
+        "mcp": bool(body.mcp),
+        "iam": bool(body.iam),
+        "volumeMounts": bool(body.volume_mounts),
+    }
+    for field, wanted in asked.items():
+        if wanted:
+            raise ApiError(
+                400,
+                "unsupported_capability",
+                f"{field} is not supported on this deployment yet: leave it out (a sandbox's "
+                "egress is the platform's floor; a timed-out sandbox is killed)",
+            )
+
+
+# --- responses ---------------------------------------------------------------------------------
+
+
+def _state(record: Mapping[str, Any]) -> State:
+    return "paused" if record["spec"].get("stopped") else "running"
+
+
+def _size(record: Mapping[str, Any]) -> dict[str, int]:
+    spec = record["spec"]
+    workspace = spec.get("workspace") or {}
+    return {
+        "cpuCount": max(1, math.ceil(int(spec["cpu_millis"]) / 1000)),
+        "memoryMB": int(spec["memory_mib"]),
+        "diskSizeMB": int(workspace.get("size_gib") or 0) * 1024,
+    }
+
+
+class Shapes:
+    """The /v1 record (ApiService.public) in E2B's shapes."""
+
+    def __init__(self, stamp_key: bytes, domain: str | None) -> None:
+        self.stamp_key = stamp_key
+        self.domain = domain
+
+    def sandbox(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """`Sandbox`: what create, connect and fork answer."""
+        return {
+            "templateID": record["spec"].get("template") or record["spec"]["image"],
+            "sandboxID": e2b_id(record["id"]),
+            "clientID": CLIENT_ID,
+            "envdVersion": ENVD_VERSION,
+            "envdAccessToken": access_token(self.stamp_key, record["id"]),
+            "domain": self.domain,
+        }
+
+    def listed(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """`ListedSandbox`."""
+        return {
+            "templateID": record["spec"].get("template") or record["spec"]["image"],
+            "sandboxID": e2b_id(record["id"]),
+            "clientID": CLIENT_ID,
+            "startedAt": record["started_at"] or record["created_at"],
+            "endAt": record["expires_at"],
+            "state": _state(record),
+            "envdVersion": ENVD_VERSION,
+            "metadata": record["spec"].get("metadata") or {},
+            **_size(record),
+        }
+
+    def detail(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """`SandboxDetail`: what get answers."""
+        return {
+            **self.listed(record),
+            "envdAccessToken": access_token(self.stamp_key, record["id"]),
+            "domain": self.domain,
+        }
+
+
+# --- errors in E2B's shape ---------------------------------------------------------------------
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
+
+
+class E2bRoute(APIRoute):
+    """A route whose errors are E2B's `{code, message}`, not Warren's `{error, message}`.
+    An organization out of quota gets 429, as E2B answers a team at its sandbox limit."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                status = 429 if exc.error == "quota_exceeded" else exc.status
+                return _error(status, exc.message, exc.headers)
+            except ClusterError:
+                return _error(503, "the cluster is unavailable; retry later")
+            except RequestValidationError as exc:
+                parts = []
+                for error in exc.errors()[:5]:
+                    where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+                    parts.append(
+                        f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg"))
+                    )
+                return _error(400, "; ".join(parts) or "invalid request")
+
+        return handle
+
+
+# --- the routes --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """Which sandboxes a list asks for."""
+
+    states: frozenset[State]
+    metadata: dict[str, str]
+    template: str | None = None
+    started_after: datetime | None = None
+
+    def matches(self, item: Sandbox) -> bool:
+        if item.phase in {SandboxPhase.DELETED, SandboxPhase.FAILED}:
+            return False
+        stopped = bool(item.spec.get("stopped"))
+        if item.phase is SandboxPhase.TERMINATING and not stopped:
+            return False  # being killed
+        if ("paused" if stopped else "running") not in self.states:
+            return False
+        kept = item.spec.get("metadata") or {}
+        if any(kept.get(k) != v for k, v in self.metadata.items()):
+            return False
+        if self.template is not None and item.spec.get("template") != self.template:
+            return False
+        return self.started_after is None or (item.started_at or item.created_at) >= self.started_after
+
+
+def make_router(  # noqa: PLR0915 (the routes are the surface)
+    api: ApiService, templates: Mapping[str, Template], domain: str | None
+) -> APIRouter:
+    """The E2B routes, to be included at the root of the API (where the SDK looks for them)."""
+    shapes = Shapes(api.settings.stamp_key, domain)
+    # Every route takes the stamped identity (Who), as the /v1 routes do.
+    router = APIRouter(route_class=E2bRoute, include_in_schema=False)
+
+    def template(name: str) -> Template:
+        found = templates.get(name)
+        if found is None:
+            known = ", ".join(sorted(templates)) or "none"
+            raise ApiError(
+                404,
+                "not_found",
+                f"template {name[:64]!r} not found: this deployment's templates are {known}",
+            )
+        return found
+
+    def record(who: Identity, sandbox_id: str) -> dict[str, Any]:
+        with api.sessions.begin() as session:
+            found = api.find(session, who, warren_id(sandbox_id))
+            api.observe(session, found)
+            answer = api.public(found)
+        if answer["phase"] == SandboxPhase.DELETED.value:
+            raise not_found(sandbox_id)
+        return answer
+
+    def create(body: NewSandbox, who: Identity, key: str | None, route: str) -> Response:
+        refuse_unsupported(body)
+        check_env(body.env_vars or {})
+        chosen = template(body.template_id)
+        request = CreateSandboxRequest(
+            image=chosen.image, cpu_millis=chosen.cpu_millis, memory_mib=chosen.memory_mib
+        )
+        extra = {
+            "template": body.template_id,
+            "metadata": dict(body.metadata or {}),
+            "env": dict(body.env_vars or {}),
+            "max_lifetime_s": body.timeout or DEFAULT_TIMEOUT_S,
+        }
+        _, answer, _ = api.create(who, request, key, route=route, extra=extra)
+        return JSONResponse(shapes.sandbox(answer), status_code=201)
+
+    @router.post("/sandboxes", status_code=201)
+    def create_v1(body: NewSandbox, who: Who, key: IdempotencyKey = None) -> Response:
+        return create(body, who, key, "/sandboxes")
+
+    @router.post("/v2/sandboxes", status_code=201)
+    def create_v2(body: NewSandbox, who: Who, key: IdempotencyKey = None) -> Response:
+        return create(body, who, key, "/v2/sandboxes")
+
+    @router.get("/sandboxes/{sandbox_id}")
+    def get(sandbox_id: str, who: Who) -> Response:
+        return JSONResponse(shapes.detail(record(who, sandbox_id)))
+
+    def matching(
+        who: Identity, query: ListQuery, *, descending: bool, limit: int, token: str | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """Up to `limit` of the organization's sandboxes that match, and the token that
+        continues after the last one returned (None when no more remain)."""
+        found: list[dict[str, Any]] = []
+        cursor = token
+        while True:
+            with api.sessions.begin() as session:
+                try:
+                    page = store.list_sandboxes(
+                        session, who.org, limit=store.MAX_PAGE, cursor=cursor, descending=descending
+                    )
+                except store.InvalidCursorError as exc:
+                    raise ApiError(400, "invalid_request", f"nextToken: {exc}") from exc
+                api.observe_page(session, who.org, page.items)
+                for item in page.items:
+                    if query.matches(item):
+                        found.append(api.public(item))
+                        if len(found) == limit:
+                            return found, store.cursor_after(item)
+            if page.next_cursor is None:
+                return found, None
+            cursor = page.next_cursor
+
+    def metadata_filter(text: str | None) -> dict[str, str]:
+        # The SDK percent-encodes each key and value, then URL-encodes the pairs.
+        return {unquote(k): unquote(v) for k, v in parse_qsl(text or "", keep_blank_values=True)}
+
+    @router.get("/sandboxes")
+    def list_v1(who: Who, metadata: Annotated[str | None, Query(max_length=4096)] = None) -> Response:
+        query = ListQuery(states=frozenset({"running"}), metadata=metadata_filter(metadata))
+        items, _ = matching(who, query, descending=False, limit=10_000, token=None)
+        return JSONResponse([shapes.listed(i) for i in items])
+
+    @router.get("/v2/sandboxes")
+    def list_v2(
+        who: Who,
+        *,
+        metadata: Annotated[str | None, Query(max_length=4096)] = None,
+        state: Annotated[str | None, Query(max_length=64)] = None,
+        order: Annotated[Literal["asc", "desc"], Query()] = "asc",
+        started_after: Annotated[datetime | None, Query(alias="startedAfter")] = None,
+        template_name: Annotated[str | None, Query(alias="template", max_length=256)] = None,
+        next_token: Annotated[str | None, Query(alias="nextToken", max_length=512)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = MAX_LIST,
+    ) -> Response:
+        states: frozenset[State] = frozenset(("running", "paused"))
+        if state:
+            asked = {s.strip() for s in state.split(",") if s.strip()}
+            unknown = asked - states
+            if unknown:
+                raise ApiError(
+                    400, "invalid_request", f"state: {sorted(unknown)} unknown; give running, paused"
+                )
+            states = frozenset(s for s in states if s in asked)
+        if started_after is not None and started_after.tzinfo is None:
+            raise ApiError(400, "invalid_request", "startedAfter: give a time with its zone (RFC 3339)")
+        query = ListQuery(states, metadata_filter(metadata), template_name, started_after)
+        items, token = matching(who, query, descending=order == "desc", limit=limit, token=next_token)
+        headers = {"X-Next-Token": token} if token else {}
+        return JSONResponse([shapes.listed(i) for i in items], headers=headers)
+
+    @router.delete("/sandboxes/{sandbox_id}", status_code=204)
+    def kill(sandbox_id: str, who: Who) -> Response:
+        record(who, sandbox_id)  # 404 for one that is gone already
+        api.delete(who, warren_id(sandbox_id))
+        return Response(status_code=204)
+
+    def set_end(who: Identity, sandbox_id: str, seconds: int, *, only_later: bool = False) -> None:
+        """End the sandbox `seconds` from now (with `only_later`, unless it ends later already),
+        within its organization's longest lifetime."""
+        with api.sessions.begin() as session:
+            found = api.find(session, who, warren_id(sandbox_id))
+            if found.phase is SandboxPhase.DELETED:
+                raise not_found(sandbox_id)
+            org, _ = api.org_and_user(session, who)
+            end = utcnow() + timedelta(seconds=seconds)
+            latest = found.created_at + timedelta(seconds=org.max_lifetime_s)
+            if end > latest:
+                raise ApiError(
+                    400,
+                    "invalid_request",
+                    f"timeout: this sandbox may live until {latest.isoformat()} at most "
+                    f"(the organization's longest lifetime is {org.max_lifetime_s} s)",
+                )
+            if not only_later or end > found.expires_at:
+                found.expires_at = end
+                found.touch()
+
+    @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+    def set_timeout(sandbox_id: str, body: TimeoutBody, who: Who) -> Response:
+        set_end(who, sandbox_id, body.timeout)
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
+    def refresh(sandbox_id: str, who: Who, body: RefreshBody | None = None) -> Response:
+        duration = body.duration if body is not None and body.duration is not None else DEFAULT_TIMEOUT_S
+        set_end(who, sandbox_id, duration, only_later=True)
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+    def pause(sandbox_id: str, who: Who, body: PauseBody | None = None) -> Response:
+        if body is not None and body.memory:
+            raise ApiError(
+                400,
+                "unsupported_capability",
+                "memory: this deployment cannot keep a paused sandbox's memory yet; pause with "
+                'mode="filesystem" (memory false, or left out): the filesystem stays, processes end',
+            )
+        if _state(record(who, sandbox_id)) == "paused":
+            raise ApiError(409, "conflict", f"sandbox {sandbox_id} is already paused")
+        api.need_workspaces("pausing (only the workspace outlives the processes)")
+        api.set_stopped(who, warren_id(sandbox_id), True)
+        return Response(status_code=204)
+
+    def connect(sandbox_id: str, who: Identity, body: ConnectBody | None) -> Response:
+        answer = record(who, sandbox_id)
+        timeout = body.timeout if body is not None and body.timeout is not None else DEFAULT_TIMEOUT_S
+        if _state(answer) == "running":
+            set_end(who, sandbox_id, timeout, only_later=True)
+            return JSONResponse(shapes.sandbox(answer), status_code=200)
+        set_end(who, sandbox_id, timeout)
+        resumed = api.set_stopped(who, warren_id(sandbox_id), False)
+        return JSONResponse(shapes.sandbox(resumed), status_code=201)
+
+    @router.post("/sandboxes/{sandbox_id}/connect")
+    def connect_v1(sandbox_id: str, who: Who, body: ConnectBody | None = None) -> Response:
+        return connect(sandbox_id, who, body)
+
+    @router.post("/v2/sandboxes/{sandbox_id}/connect")
+    def connect_v2(sandbox_id: str, who: Who, body: ConnectBody | None = None) -> Response:
+        return connect(sandbox_id, who, body)
+
+    @router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
+    def resume(sandbox_id: str, who: Who, body: ConnectBody | None = None) -> Response:
+        if _state(record(who, sandbox_id)) == "running":
+            raise ApiError(409, "conflict", f"sandbox {sandbox_id} is already running")
+        return connect(sandbox_id, who, body)
+
+    @router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
+    def fork(
+        sandbox_id: str,
+        who: Who,
+        body: ForkBody | None = None,
+        key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)] = None,
+    ) -> Response:
+        body = body or ForkBody()
+        record(who, sandbox_id)
+        _, answer, _ = api.fork(
+            who,
+            warren_id(sandbox_id),
+            body.count,
+            key,
+            route=f"/sandboxes/{sandbox_id}/fork",
+            lifetime_s=body.timeout or DEFAULT_TIMEOUT_S,
+        )
+        results: list[dict[str, Any]] = []
+        for result in answer["results"]:
+            if result["ok"]:
+                results.append({"sandbox": shapes.sandbox(result["sandbox"])})
+            else:
+                code = (
+                    429
+                    if result["error"] == "quota_exceeded"
+                    else 400
+                    if result["error"] == "forbidden"
+                    else 503
+                )
+                results.append({"error": {"code": code, "message": result["message"]}})
+        return JSONResponse(results, status_code=201)
+
+    return router
+
+
+def not_found(sandbox_id: str) -> ApiError:
+    return ApiError(404, "not_found", f"sandbox {sandbox_id[:64]!r} not found")

@@ -1,0 +1,280 @@
+"""The E2B SDK (e2b, pinned), unchanged, against Warren's E2B surface: through the real edge
+with an e2b_ key Warren issued, the API on SQLite and a real PostgreSQL, and the cluster
+stand-in of api_stack.py in place of the Kubernetes API server (so these tests cover the REST
+surface; commands and files through the agent run against a real cluster).
+
+Every call below is the SDK's own public API, configured only by the options its
+environment variables set (api_key, api_url)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from api_stack import Stack, StandIn, serve_stack, settings_for
+from e2b import Sandbox, SandboxQuery, SandboxState
+from e2b.exceptions import (
+    AuthenticationException,
+    NotFoundException,
+    RateLimitException,
+    SandboxException,
+    SandboxNotFoundException,
+)
+from warren_control import store
+from warren_control.api import Cluster
+from warren_control.models import Sandbox as Record
+from warren_control.models import SandboxPhase, utcnow
+from warren_control.reaper import Reaper
+from warren_control.templates import Template
+
+pytest_plugins = ["api_fixtures"]
+
+IMAGE = "warren.dev/base:test"
+TEMPLATES = {
+    "base": Template(image=IMAGE),
+    "small": Template(image="warren.dev/busybox:1.36", memory_mib=256),
+}
+
+
+@dataclass
+class E2bOrg:
+    id: str
+    key: str
+    opts: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def e2b_stack(stack_url: str, standin: StandIn) -> Iterator[Stack]:
+    with serve_stack(stack_url, standin, templates=TEMPLATES, sandbox_domain="sandboxes.example") as served:
+        yield served
+
+
+def new_org(stack: Stack, **settings: Any) -> E2bOrg:
+    name = f"e2b-{hashlib.sha256(str(utcnow()).encode()).hexdigest()[:10]}"
+    with stack.sessions.begin() as session:
+        org = store.create_org(session, name, **settings)
+        user = store.create_user(session, org.id, "agent")
+        issued = store.issue_api_key(session, org.id, user.id, [], "e2b")
+    # What E2B_API_KEY and E2B_API_URL would set.
+    return E2bOrg(org.id, issued.token, {"api_key": issued.token, "api_url": stack.edge})
+
+
+def record(stack: Stack, sandbox_id: str) -> Record:
+    with stack.sessions() as session:
+        found = session.get(Record, "sbx_" + sandbox_id)
+        assert found is not None
+        return found
+
+
+def test_create_get_and_kill_with_the_sdk(e2b_stack: Stack, standin: StandIn) -> None:
+    org = new_org(e2b_stack)
+    before = datetime.now(UTC)
+    sandbox = Sandbox.create(
+        "base", timeout=120, metadata={"task": "t-1", "owner": "ci"}, envs={"GREETING": "hi"}, **org.opts
+    )
+    # An id that fits in a host name ({port}-{id}.{domain}), and the domain the operator set.
+    assert len(sandbox.sandbox_id) == 26
+    assert sandbox.sandbox_domain == "sandboxes.example"
+    assert sandbox.get_host(8080) == f"8080-{sandbox.sandbox_id}.sandboxes.example"
+
+    info = sandbox.get_info()
+    assert (info.sandbox_id, info.template_id, info.state) == (
+        sandbox.sandbox_id,
+        "base",
+        SandboxState.RUNNING,
+    )
+    assert info.metadata == {"task": "t-1", "owner": "ci"}
+    assert before + timedelta(seconds=110) < info.end_at < datetime.now(UTC) + timedelta(seconds=130)
+    assert (info.cpu_count, info.memory_mb) == (1, 1024)
+
+    # The template became the image; metadata and envs are kept; one Sandbox resource exists.
+    kept = record(e2b_stack, sandbox.sandbox_id)
+    assert kept.spec["image"] == IMAGE
+    assert (kept.spec["metadata"], kept.spec["env"]) == ({"task": "t-1", "owner": "ci"}, {"GREETING": "hi"})
+    resource = standin.get(kept.object_name)
+    assert resource is not None
+    assert resource["spec"]["image"] == IMAGE
+    assert resource["spec"]["env"] == {"GREETING": "hi"}
+
+    assert sandbox.kill() is True
+    assert standin.get(kept.object_name) is None
+    assert Sandbox.kill(sandbox.sandbox_id, **org.opts) is False
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(sandbox.sandbox_id, **org.opts)
+
+
+def test_template_size_and_unknown_templates(e2b_stack: Stack) -> None:
+    org = new_org(e2b_stack)
+    small = Sandbox.create("small", **org.opts)
+    assert small.get_info().memory_mb == 256
+    with pytest.raises(SandboxException, match=r"template 'no-such' not found.*base, small"):
+        Sandbox.create("no-such", **org.opts)
+    small.kill()
+
+
+def test_what_cannot_be_enforced_is_refused_by_name(e2b_stack: Stack) -> None:
+    org = new_org(e2b_stack)
+    with pytest.raises(SandboxException, match="allow_internet_access is not supported"):
+        Sandbox.create("base", allow_internet_access=False, **org.opts)
+    with pytest.raises(SandboxException, match="autoPause is not supported"):
+        Sandbox.create("base", lifecycle={"on_timeout": "pause"}, **org.opts)
+    with pytest.raises(SandboxException, match="'1BAD' is not a variable name"):
+        Sandbox.create("base", envs={"1BAD": "x"}, **org.opts)
+    # Nothing was made by the refused requests.
+    assert Sandbox.list(**org.opts).next_items() == []
+
+
+def test_list_filters_and_pages(e2b_stack: Stack) -> None:
+    org = new_org(e2b_stack, quota_sandboxes=10)
+    made = [
+        Sandbox.create("base", metadata={"batch": "b", "n": str(n), "odd key": "a value"}, **org.opts)
+        for n in range(5)
+    ]
+    other = Sandbox.create("small", metadata={"batch": "other"}, **org.opts)
+    made[1].pause()
+
+    def every(query: SandboxQuery | None = None, **kwargs: Any) -> list[str]:
+        paginator = Sandbox.list(query=query, limit=2, **kwargs, **org.opts)
+        seen: list[str] = []
+        pages = 0
+        while paginator.has_next:
+            seen += [s.sandbox_id for s in paginator.next_items()]
+            pages += 1
+        assert pages >= len(seen) // 2  # pages of two at most
+        return seen
+
+    ids = [s.sandbox_id for s in made]
+    assert every(SandboxQuery(metadata={"batch": "b"})) == ids
+    assert every(SandboxQuery(metadata={"odd key": "a value", "n": "3"})) == [ids[3]]
+    assert every(SandboxQuery(metadata={"batch": "b"}), order="desc") == ids[::-1]
+    assert every(SandboxQuery(state=[SandboxState.PAUSED])) == [ids[1]]
+    running = every(SandboxQuery(state=[SandboxState.RUNNING]))
+    assert running == [i for i in ids if i != ids[1]] + [other.sandbox_id]
+    assert every(SandboxQuery(template="small")) == [other.sandbox_id]
+    paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED]), **org.opts).next_items()
+    assert [(s.state, s.metadata["n"]) for s in paused] == [(SandboxState.PAUSED, "1")]
+    # The older list route answers running sandboxes only.
+    response = httpx.get(
+        f"{e2b_stack.edge}/sandboxes", headers={"X-API-KEY": org.key}, params={"metadata": "batch=b"}
+    )
+    assert response.status_code == 200
+    assert [s["sandboxID"] for s in response.json()] == [i for i in ids if i != ids[1]]
+    # A token that is no token is named.
+    response = httpx.get(
+        f"{e2b_stack.edge}/v2/sandboxes", headers={"X-API-KEY": org.key}, params={"nextToken": "x"}
+    )
+    assert (response.status_code, response.json()["code"]) == (400, 400)
+    assert "nextToken" in response.json()["message"]
+    for sandbox in [*made, other]:
+        sandbox.kill()
+
+
+def test_timeout_moves_the_end_and_the_reaper_keeps_it(e2b_stack: Stack, standin: StandIn) -> None:
+    org = new_org(e2b_stack, max_lifetime_s=3600)
+    sandbox = Sandbox.create("base", timeout=60, **org.opts)
+    sandbox.set_timeout(600)
+    end = sandbox.get_info().end_at
+    assert timedelta(seconds=590) < end - datetime.now(UTC) <= timedelta(seconds=600)
+    # Never past the organization's longest lifetime.
+    with pytest.raises(SandboxException, match="the organization's longest lifetime is 3600 s"):
+        sandbox.set_timeout(7200)
+    with pytest.raises(SandboxException, match="a lifetime may be at most 3600 s"):
+        Sandbox.create("base", timeout=7200, **org.opts)
+
+    # At its end the reaper kills it (its next sweep: every few seconds in a deployment).
+    reaper = Reaper(e2b_stack.sessions, Cluster(settings_for(e2b_stack.url, standin)))
+    object_name = record(e2b_stack, sandbox.sandbox_id).object_name
+    reaper.sweep(utcnow() + timedelta(seconds=30))
+    assert standin.get(object_name) is not None
+    reaper.sweep(utcnow() + timedelta(seconds=601))
+    assert standin.get(object_name) is None
+    assert record(e2b_stack, sandbox.sandbox_id).phase in {SandboxPhase.TERMINATING, SandboxPhase.DELETED}
+    with pytest.raises(SandboxNotFoundException):
+        sandbox.get_info()
+
+
+def test_pause_and_connect(e2b_stack: Stack, standin: StandIn) -> None:
+    org = new_org(e2b_stack)
+    sandbox = Sandbox.create("base", **org.opts)
+    object_name = record(e2b_stack, sandbox.sandbox_id).object_name
+    token = sandbox._envd_access_token
+
+    # Memory is not kept yet: asking for it is refused by name, the filesystem pause works.
+    with pytest.raises(SandboxException, match="cannot keep a paused sandbox's memory"):
+        sandbox.pause(mode="full")
+    assert sandbox.pause() is True
+    assert standin.get(object_name)["spec"]["stopped"] is True
+    assert sandbox.get_info().state == SandboxState.PAUSED
+    assert sandbox.pause() is False  # already paused
+
+    again = Sandbox.connect(sandbox.sandbox_id, timeout=900, **org.opts)
+    assert standin.get(object_name)["spec"]["stopped"] is False
+    assert again.get_info().state == SandboxState.RUNNING
+    assert again._envd_access_token == token  # one token for the sandbox's whole life
+    assert again.get_info().end_at - datetime.now(UTC) > timedelta(seconds=890)
+    # Connecting to a running sandbox changes nothing but a later end.
+    Sandbox.connect(sandbox.sandbox_id, timeout=60, **org.opts)
+    assert again.get_info().end_at - datetime.now(UTC) > timedelta(seconds=800)
+    sandbox.kill()
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(sandbox.sandbox_id, **org.opts)
+
+
+def test_fork_gives_one_result_per_child(e2b_stack: Stack, standin: StandIn) -> None:
+    org = new_org(e2b_stack, quota_sandboxes=3)
+    parent = Sandbox.create("base", metadata={"role": "parent"}, **org.opts)
+    children = parent.fork(count=3, timeout=120)
+    # The quota (three sandboxes) leaves room for two children; the third fails on its own.
+    made = [c for c in children if isinstance(c, Sandbox)]
+    failed = [c for c in children if isinstance(c, Exception)]
+    assert (len(made), len(failed)) == (2, 1)
+    assert isinstance(failed[0], RateLimitException)
+    assert "quota" in str(failed[0])
+    parent_workspace = record(e2b_stack, parent.sandbox_id).workspace_id
+    for child in made:
+        kept = record(e2b_stack, child.sandbox_id)
+        assert kept.spec["workspace"]["fork_of"] == parent_workspace
+        resource = standin.get(kept.object_name)
+        assert resource is not None
+        assert resource["spec"]["workspace"]["forkOf"] == parent_workspace
+        assert child._envd_access_token not in {parent._envd_access_token, None}
+        assert child.get_info().end_at - datetime.now(UTC) < timedelta(seconds=121)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.fork("a" * 26, **org.opts)
+    for sandbox in [parent, *made]:
+        sandbox.kill()
+
+
+def test_another_organization_sees_and_touches_nothing(e2b_stack: Stack, standin: StandIn) -> None:
+    owner, stranger = new_org(e2b_stack), new_org(e2b_stack)
+    sandbox = Sandbox.create("base", metadata={"secret": "yes"}, **owner.opts)
+    sid = sandbox.sandbox_id
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(sid, **stranger.opts)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(sid, **stranger.opts)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.set_timeout(sid, 30, **stranger.opts)
+    with pytest.raises((SandboxNotFoundException, NotFoundException)):
+        Sandbox.fork(sid, **stranger.opts)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.pause(sid, **stranger.opts)
+    assert Sandbox.kill(sid, **stranger.opts) is False
+    assert Sandbox.list(query=SandboxQuery(metadata={"secret": "yes"}), **stranger.opts).next_items() == []
+    # The owner's sandbox is untouched by all of that.
+    assert sandbox.get_info().state == SandboxState.RUNNING
+    assert standin.get(record(e2b_stack, sid).object_name) is not None
+    sandbox.kill()
+
+
+def test_a_key_that_is_not_a_key_is_refused(e2b_stack: Stack) -> None:
+    wrong = "e2b_" + "0" * 64
+    with pytest.raises(AuthenticationException):
+        Sandbox.create("base", api_key=wrong, api_url=e2b_stack.edge)
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key=wrong, api_url=e2b_stack.edge).next_items()
