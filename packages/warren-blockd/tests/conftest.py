@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from warren_blockd import loopdev
 from warren_blockd.blobs.local import LocalDriver
 from warren_blockd.blobs.policy import PolicyStore
+from warren_blockd.csi import mounts
 from warren_blockd.testing import BlockdProcess, Weed, make_bucket
 
 
@@ -114,18 +116,18 @@ def blockd_factory(tmp_path: Path) -> Iterator[Callable[..., BlockdProcess]]:
     yield start
     for daemon in reversed(started):
         daemon.stop()
-    # A killed daemon leaves its mounts behind. Loop devices first, while their backing
-    # files still show the path under this test; then the mounts, deepest first.
-    for line in subprocess.run(
-        ["losetup", "-l", "-n", "-O", "NAME,BACK-FILE"], capture_output=True, text=True, check=False
-    ).stdout.splitlines():
-        name, _, backing = line.strip().partition(" ")
-        if str(tmp_path) in backing:
-            subprocess.run(["losetup", "-d", name], check=False, capture_output=True)
-    mounts = subprocess.run(
-        ["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True, check=False
-    ).stdout.split()
-    for target in sorted((m for m in mounts if m.startswith(str(tmp_path))), reverse=True):
+    # A killed daemon (or one whose unmount failed) leaves mounts behind. The ext4 ones go
+    # first, deepest first: the kernel then detaches their loop devices (autoclear). A device
+    # still bound to a file of this test is detached next, while the FUSE mount under it is
+    # still in the tree (only then does its backing file read as under tmp_path); the FUSE
+    # mounts last.
+    ours = [e for e in mounts.parse(mounts.MOUNTINFO.read_text()) if e.mount_point.startswith(f"{tmp_path}/")]
+    fuse = [e.mount_point for e in ours if e.fstype.startswith("fuse")]
+    for target in sorted((e.mount_point for e in ours if e.mount_point not in fuse), key=len, reverse=True):
+        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+    for device, _ in loopdev.backed_under(tmp_path):
+        subprocess.run(["losetup", "-d", device], check=False, capture_output=True)
+    for target in fuse:
         subprocess.run(["umount", "-l", target], check=False, capture_output=True)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import boto3
 import pytest
 from conftest import Blockd, Weed, make_bucket
-from warren_blockd import chunks
+from warren_blockd import chunks, loopdev
 from warren_blockd.client import ApiError
 
 pytestmark = pytest.mark.integration
@@ -97,6 +97,49 @@ def test_restart_after_kill_9_replays_the_spool_on_the_same_node(
     again.client.action("ws", "restore", target=str(tmp_path / "mnt2"))
     assert (tmp_path / "mnt2" / "kept").read_bytes() == data
     assert again.client.action("ws", "flush", wait_replicated=60)["level"] == "replicated"
+
+
+def test_a_killed_daemons_loop_device_goes_with_its_mount(
+    blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str, tmp_path: Path
+) -> None:
+    """The daemon dies and is not restarted (the node lives on): once its dead mount is
+    unmounted (an operator, a pod's unpublish), nothing of it stays attached."""
+    a = blockd_factory(f"s3://{bucket}", seaweedfs, name="a")
+    a.client.create("ws", 64 * MIB)
+    device = a.client.action("ws", "mount", target=str(tmp_path / "mnt"))["device"]
+    backing = str(a.state / "node" / "fuse" / "ws")
+    assert loopdev.backing_file(device) == backing
+    a.kill()
+    subprocess.run(["umount", "-l", str(tmp_path / "mnt")], check=True)
+    until(lambda: loopdev.backing_file(device) != backing, 10, f"{device} to be detached")
+    assert loopdev.backed_under(a.state) == []
+
+
+def test_a_restarted_daemon_leaves_a_loop_device_that_took_its_recorded_number_alone(
+    blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str, tmp_path: Path
+) -> None:
+    """mount.json outlives the loop device it names (a reboot, an operator's cleanup), and
+    the number may be attached to another file when the daemon starts again."""
+    a = blockd_factory(f"s3://{bucket}", seaweedfs, name="a")
+    a.client.create("ws", 64 * MIB)
+    device = a.client.action("ws", "mount", target=str(tmp_path / "mnt"))["device"]
+    backing = str(a.state / "node" / "fuse" / "ws")
+    a.kill()
+    subprocess.run(["umount", "-l", str(tmp_path / "mnt")], check=True)
+    if loopdev.backing_file(device) == backing:  # no autoclear: what the operator does
+        subprocess.run(["losetup", "-d", device], check=True)
+    assert '"loop"' in (a.state / "node" / "workspaces" / "ws" / "mount.json").read_text()
+    foreign = tmp_path / "foreign.img"
+    foreign.write_bytes(bytes(MIB))
+    attached = subprocess.run(["losetup", device, str(foreign)], capture_output=True, text=True, check=False)
+    assert attached.returncode == 0, f"{device} was taken meanwhile: {attached.stderr}"
+    try:
+        again = blockd_factory(f"s3://{bucket}", seaweedfs, name="a")  # cleans what `a` left
+        assert loopdev.backing_file(device) == str(foreign), "the restart detached a device not its own"
+        again.client.action("ws", "restore", target=str(tmp_path / "mnt2"))
+        assert again.client.action("ws", "unmount", wait_replicated=60)["level"] == "replicated"
+    finally:
+        loopdev.detach_if_backed_by(device, foreign)
 
 
 def test_corrupt_chunks_in_storage_never_reach_a_reader(

@@ -4,7 +4,7 @@ State on node disk (`state_dir`):
   fuse/                   the FUSE mount: one file per attached workspace
   cache/                  verified chunks fetched from storage
   workspaces/<id>/        dirty.img (copy-on-write layer), spool/ (batches not yet
-                          replicated), mount.json (what to clean up after a crash);
+                          replicated), mount.json (what to unmount after a crash);
                           base.manifest and dirty.map while a handoff is under way
   handoff.json            what the last handoff passed on (for whoever looks)
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warren_blockd import fuse_session, metrics
+from warren_blockd import fuse_session, loopdev, metrics
 from warren_blockd.blobs.policy import PolicyStore
 from warren_blockd.cache import ChunkCache
 from warren_blockd.chunker import chunk_image
@@ -80,6 +80,7 @@ class Attached:
     replicator: Replicator
     generation_seq: int  # log_seq of the manifest it was attached from
     loop: str | None = None
+    loop_fd: int | None = None  # our hold on `loop` (loopdev.py): closing it detaches it
     target: str | None = None
     consolidated_seq: int = 0
     consolidated_at: float = field(default_factory=time.monotonic)
@@ -206,10 +207,25 @@ class Daemon:
             info = json.loads(record.read_text())
             if info.get("target"):
                 subprocess.run(["umount", "-l", info["target"]], capture_output=True, check=False)
-            if info.get("loop"):
-                subprocess.run(["losetup", "-d", info["loop"]], capture_output=True, check=False)
             record.unlink()
             log.info("cleaned stale mount", extra={"fields": info})
+        # The dead daemon's loop devices are autoclear: the kernel detached each as its last
+        # mount went (above, or a pod's bind later). What is left on our FUSE files (one
+        # attached by a version without autoclear, or between its attach and its hold) is
+        # found by its backing file, never by the number mount.json recorded: after a reboot,
+        # or once an operator detached it, that number may be someone else's. Still mounted
+        # elsewhere, `losetup -d` only marks it to go with that mount.
+        for device, backing in loopdev.backed_under(self.fuse_dir):
+            fields = {"device": device, "backing": str(backing)}
+            try:
+                if not loopdev.detach_if_backed_by(device, backing):
+                    continue  # gone meanwhile, or no longer ours
+            except OSError as exc:
+                log.error(
+                    "detaching a stale loop device failed", extra={"fields": {**fields, "error": str(exc)}}
+                )
+                continue
+            log.info("detached stale loop device", extra={"fields": fields})
         # A FUSE mount whose process died answers every stat with ENOTCONN: detach it first.
         with contextlib.suppress(OSError):  # nothing mounted there
             fuse_session.unmount(self.fuse_dir, lazy=True)
@@ -340,7 +356,7 @@ class Daemon:
             raise BlockdError("exists", str(exc)) from None
         att = self.attach(workspace_id)
         try:
-            att.loop = run("losetup", "--find", "--show", str(self.fuse_dir / workspace_id))
+            device = self._attach_loop(workspace_id, att)
             run(
                 "mkfs.ext4",
                 "-q",
@@ -349,7 +365,7 @@ class Daemon:
                 "4096",
                 "-E",
                 "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
-                att.loop,
+                device,
             )
         finally:
             receipt = self._detach(workspace_id, wait_replicated=self.settings.fork_wait)
@@ -415,6 +431,37 @@ class Daemon:
             )
             return att
 
+    def _attach_loop(self, workspace_id: str, att: Attached, *options: str) -> str:
+        """A loop device on the workspace's FUSE file, autoclear and held by us (loopdev.py):
+        it goes when we let go of it and nothing mounts it, even if we die first."""
+        backing = self.fuse_dir / workspace_id
+        device = run("losetup", "--find", "--show", *options, str(backing))
+        try:
+            att.loop_fd = loopdev.hold(device, backing)
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # only if it is still ours
+                loopdev.detach_if_backed_by(device, backing)
+            raise BlockdError("host_command_failed", f"holding {device} for {workspace_id}: {exc}") from exc
+        att.loop = device
+        return device
+
+    def _release_loop(self, workspace_id: str, att: Attached) -> None:
+        """Let go of the loop device. Ours is held: closing it detaches it (or, while a
+        lingering mount still holds it, the kernel does when that goes). One adopted from a
+        handoff is not: autoclear already took it with its unmount, or it is detached here,
+        if it is still bound to our file (its number may be another's by now)."""
+        if att.loop is None:
+            return
+        if att.loop_fd is not None:
+            os.close(att.loop_fd)
+            att.loop_fd = None
+        else:
+            try:
+                loopdev.detach_if_backed_by(att.loop, self.fuse_dir / workspace_id)
+            except OSError as exc:
+                raise BlockdError("host_command_failed", str(exc)) from exc
+        att.loop = None
+
     def _record_mount(self, workspace_id: str, att: Attached) -> None:
         (self._dir(workspace_id) / "mount.json").write_text(
             json.dumps({"target": att.target, "loop": att.loop})
@@ -428,10 +475,9 @@ class Daemon:
                 return {"workspace": workspace_id, "device": att.loop, "target": target}
             raise BlockdError("busy", f"workspace {workspace_id} is already mounted at {att.target}")
         Path(target).mkdir(parents=True, exist_ok=True)
-        if not att.loop:
-            att.loop = run("losetup", "--find", "--show", "--direct-io=on", str(self.fuse_dir / workspace_id))
+        device = att.loop or self._attach_loop(workspace_id, att, "--direct-io=on")
         self._record_mount(workspace_id, att)
-        run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, att.loop, target)
+        run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, device, target)
         att.target = target
         self._record_mount(workspace_id, att)
         metrics.MOUNTED.set(sum(1 for a in self.attached.values() if a.target))
@@ -466,9 +512,7 @@ class Daemon:
 
     def _detach(self, workspace_id: str, wait_replicated: float | None) -> Receipt:
         att = self.attached[workspace_id]
-        if att.loop:
-            run("losetup", "-d", att.loop)
-            att.loop = None
+        self._release_loop(workspace_id, att)
         receipt = att.device.flush()
         if wait_replicated:
             receipt = att.replicator.wait_replicated(receipt.seq, wait_replicated)
@@ -657,6 +701,9 @@ class Daemon:
         with self._lock:
             for att in self.attached.values():
                 att.device.close()
+                if att.loop_fd is not None:  # the mount holds the device now, then the new daemon
+                    os.close(att.loop_fd)
+                    att.loop_fd = None
         log.info("handed over", extra={"fields": {"workspaces": sorted(self.attached)}})
 
     def adopt(self, doc: dict[str, Any], fuse_fd: int, tree_fd: int | None) -> None:
