@@ -7,8 +7,9 @@ The stand-in validates every Sandbox it is given against the CRD's own schema (t
 manifest in the repository), answers like the API server (201, 404, 409, 422 Status
 objects, merge patches), and can be told to refuse the next creates, so the API's handling
 of a cluster that says no is tested through the same client code that talks to the real
-one. It has no pods: exec and files answer "not running" here and are tested on the
-real cluster (test_api_cluster.py).
+one. It runs no pods: a test may put a pod object in (`pods`) for the API to read, and otherwise
+exec and files answer "not running" here and are tested on the real cluster
+(test_api_cluster.py).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class StandIn:
     # Like a finalizer: DELETE marks the object (deletionTimestamp) and `finish_deletes` removes it.
     hold_deletes: bool = False
     requests: list[tuple[str, str]] = field(default_factory=list)
+    # Pods, by (namespace, name): only what a test puts here (the stand-in runs no controller).
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -117,7 +120,10 @@ class StandIn:
             self.requests.append((method, path))
             pods = _PODS.match(path)
             if pods:
-                return 404, _status(404, "NotFound", f'pods "{pods[2]}" not found')
+                pod = self.pods.get((pods[1], pods[2])) if method == "GET" else None
+                if pod is None:
+                    return 404, _status(404, "NotFound", f'pods "{pods[2]}" not found')
+                return 200, pod
             match = _SANDBOXES.match(path)
             if not match:
                 return 404, _status(404, "NotFound", "the server could not find the requested resource")
@@ -278,7 +284,8 @@ def serve_stack(url: str, standin: StandIn, **changes: Any) -> Iterator[Stack]:
     engine = make_engine(url)
     sessions = session_factory(engine)
     with serve_asgi(make_api(settings_for(url, standin, **changes))) as api:
-        edge = make_edge(api, STAMP_KEY, store.DatabaseKeyResolver(sessions), None)
+        domain = changes.get("sandbox_domain")
+        edge = make_edge(api, STAMP_KEY, store.DatabaseKeyResolver(sessions), None, sandbox_domain=domain)
         with serve_asgi(edge) as edge_url:
             stack = Stack(url=url, api=api, edge=edge_url, sessions=sessions, standin=standin)
             try:

@@ -1,40 +1,53 @@
 """The E2B SDK (e2b, pinned), unchanged, against Warren's E2B surface: through the real edge
 with an e2b_ key Warren issued, the API on SQLite and a real PostgreSQL, and the cluster
-stand-in of api_stack.py in place of the Kubernetes API server (so these tests cover the REST
-surface; commands and files through the agent run against a real cluster).
+stand-in of api_stack.py in place of the Kubernetes API server.
+
+Sandbox traffic (commands, files) goes through the edge to the real agent (agent/, built
+here), which plays the sandbox's pod: the stand-in is given a Running pod whose address is a
+loopback address the agent listens on, so the edge's routing, its token check and the
+SDK's own handling of what comes back are all real; what runs it in a gVisor pod is the
+cluster tier's.
 
 Every call below is the SDK's own public API, configured only by the options its
-environment variables set (api_key, api_url)."""
+environment variables set (api_key, api_url, sandbox_url)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import secrets
+import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from api_stack import Stack, StandIn, serve_stack, settings_for
-from e2b import Sandbox, SandboxQuery, SandboxState
+from api_stack import NAMESPACE, STAMP_KEY, Stack, StandIn, serve_stack, settings_for
+from e2b import CommandExitException, Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import (
     AuthenticationException,
     NotFoundException,
     RateLimitException,
     SandboxException,
     SandboxNotFoundException,
+    SandboxNotRunningException,
 )
-from warren_control import store
+from warren_control import keys, store
 from warren_control.api import Cluster
 from warren_control.models import Sandbox as Record
 from warren_control.models import SandboxPhase, utcnow
+from warren_control.podspec import AGENT_PORT, pod_name
 from warren_control.reaper import Reaper
 from warren_control.templates import Template
 
 pytest_plugins = ["api_fixtures"]
 
 IMAGE = "warren.dev/base:test"
+AGENT_DIR = Path(__file__).resolve().parents[3] / "agent"
 TEMPLATES = {
     "base": Template(image=IMAGE),
     "small": Template(image="warren.dev/busybox:1.36", memory_mib=256),
@@ -60,8 +73,9 @@ def new_org(stack: Stack, **settings: Any) -> E2bOrg:
         org = store.create_org(session, name, **settings)
         user = store.create_user(session, org.id, "agent")
         issued = store.issue_api_key(session, org.id, user.id, [], "e2b")
-    # What E2B_API_KEY and E2B_API_URL would set.
-    return E2bOrg(org.id, issued.token, {"api_key": issued.token, "api_url": stack.edge})
+    # What E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL would set.
+    opts = {"api_key": issued.token, "api_url": stack.edge, "sandbox_url": stack.edge}
+    return E2bOrg(org.id, issued.token, opts)
 
 
 def record(stack: Stack, sandbox_id: str) -> Record:
@@ -278,3 +292,139 @@ def test_a_key_that_is_not_a_key_is_refused(e2b_stack: Stack) -> None:
         Sandbox.create("base", api_key=wrong, api_url=e2b_stack.edge)
     with pytest.raises(AuthenticationException):
         Sandbox.list(api_key=wrong, api_url=e2b_stack.edge).next_items()
+
+
+# --- sandbox traffic through the edge -----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def agent_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent (make agent builds it and names it in WARREN_AGENT_BIN; otherwise built here)."""
+    given = os.environ.get("WARREN_AGENT_BIN")
+    if given:
+        return Path(given)
+    out = tmp_path_factory.mktemp("agent") / "agent"
+    env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local"}
+    subprocess.run(["go", "build", "-trimpath", "-o", str(out), "."], cwd=AGENT_DIR, env=env, check=True)
+    return out
+
+
+@dataclass
+class RunningPod:
+    address: str
+    process: subprocess.Popen[bytes]
+
+
+def run_pod(stack: Stack, standin: StandIn, agent: Path, home: Path, sandbox_id: str) -> RunningPod:
+    """What the controller and the node would make of the sandbox: its pod, Running, with the
+    agent listening at the pod's address (a loopback one of its own) on the agent's port,
+    with the sandbox's token and its environment."""
+    kept = record(stack, sandbox_id)
+    resource = standin.get(kept.object_name)
+    assert resource is not None
+    address = "127." + ".".join(str(b) for b in secrets.token_bytes(2)) + f".{2 + secrets.randbelow(250)}"
+    token = keys.agent_token(STAMP_KEY, kept.id)
+    assert hashlib.sha256(token.encode()).hexdigest() == resource["spec"]["agentTokenSha256"]
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "WARREN_AGENT_ACCESS_TOKEN": token}
+    env.update(resource["spec"].get("env") or {})
+    process = subprocess.Popen(
+        [str(agent), "-listen", f"{address}:{AGENT_PORT}"], env=env, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(f"http://{address}:{AGENT_PORT}/health").status_code == 204:
+                break
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None and time.monotonic() < deadline, "the agent did not start"
+        time.sleep(0.05)
+    name = pod_name(resource["metadata"]["uid"])
+    standin.pods[(NAMESPACE, name)] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "status": {"phase": "Running", "podIP": address},
+    }
+    return RunningPod(address, process)
+
+
+def test_commands_and_files_reach_the_agent_through_the_edge(
+    e2b_stack: Stack, standin: StandIn, agent_binary: Path, tmp_path: Path
+) -> None:
+    org = new_org(e2b_stack)
+    sandbox = Sandbox.create("base", envs={"GREETING": "hello from warren"}, **org.opts)
+    pod = run_pod(e2b_stack, standin, agent_binary, tmp_path, sandbox.sandbox_id)
+    try:
+        result = sandbox.commands.run('echo "$GREETING"; echo oops >&2')
+        assert (result.exit_code, result.stdout, result.stderr) == (0, "hello from warren\n", "oops\n")
+        with pytest.raises(CommandExitException) as failed:
+            sandbox.commands.run("exit 7")
+        assert failed.value.exit_code == 7
+        streamed: list[str] = []
+        sandbox.commands.run("for i in 1 2 3; do echo $i; done", on_stdout=streamed.append)
+        assert "".join(streamed) == "1\n2\n3\n"
+
+        sandbox.files.write(f"{tmp_path}/notes/a.txt", "written through the edge")
+        assert sandbox.files.read(f"{tmp_path}/notes/a.txt") == "written through the edge"
+        assert (tmp_path / "notes" / "a.txt").read_text() == "written through the edge"
+        assert [e.name for e in sandbox.files.list(f"{tmp_path}/notes")] == ["a.txt"]
+        assert sandbox.is_running()
+
+        # By host name as well: {port}-{id}.{domain}, the form get_host gives.
+        host = sandbox.get_host(AGENT_PORT)
+        token = {"X-Access-Token": sandbox._envd_access_token or ""}
+        by_host = httpx.get(f"{e2b_stack.edge}/health", headers={"Host": host, **token})
+        assert by_host.status_code == 204
+
+        # A port nothing listens on, and the SDK's words for it.
+        closed = httpx.get(
+            f"{e2b_stack.edge}/",
+            headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "9", **token},
+        )
+        assert closed.status_code == 502
+        assert "port 9 is not open" in closed.json()["message"]
+    finally:
+        pod.process.terminate()
+        pod.process.wait(timeout=10)
+
+    # Killed: the SDK learns the sandbox is gone, in the words it looks for.
+    sandbox.kill()
+    with pytest.raises(SandboxNotRunningException, match="was not found"):
+        sandbox.commands.run("true")
+
+
+def test_sandbox_traffic_needs_that_sandbox_s_token(
+    e2b_stack: Stack, standin: StandIn, agent_binary: Path, tmp_path: Path
+) -> None:
+    owner, stranger = new_org(e2b_stack), new_org(e2b_stack)
+    sandbox = Sandbox.create("base", **owner.opts)
+    other = Sandbox.create("base", **stranger.opts)
+    pod = run_pod(e2b_stack, standin, agent_binary, tmp_path, sandbox.sandbox_id)
+    try:
+        route = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": str(AGENT_PORT)}
+        url = f"{e2b_stack.edge}/filesystem.Filesystem/ListDir"
+        body = {"path": str(tmp_path), "depth": 1}
+        attempts = {
+            "no token": {},
+            "another sandbox's token": {"X-Access-Token": other._envd_access_token or ""},
+            "an API key instead": {"X-API-KEY": owner.key},
+            "a token one character off": {"X-Access-Token": (sandbox._envd_access_token or "")[:-1] + "0"},
+        }
+        for what, headers in attempts.items():
+            answer = httpx.post(url, json=body, headers={**route, **headers})
+            assert answer.status_code == 401, what
+        # A sandbox id nobody has gets the same answer as a wrong token: nothing is learnt.
+        nobody = httpx.post(url, json=body, headers={**route, "E2b-Sandbox-Id": "a" * 26})
+        assert nobody.status_code == 401
+        # Nor does the stranger's SDK reach it: its API finds no such sandbox to connect to.
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.connect(sandbox.sandbox_id, **stranger.opts)
+        # And the right token works.
+        ok = httpx.post(url, json=body, headers={**route, "X-Access-Token": sandbox._envd_access_token or ""})
+        assert ok.status_code == 200
+    finally:
+        pod.process.terminate()
+        pod.process.wait(timeout=10)
+    sandbox.kill()
+    other.kill()

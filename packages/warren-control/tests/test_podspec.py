@@ -67,6 +67,39 @@ def test_pod_meets_every_rule_of_the_floor() -> None:
     assert floor_violations(pod_for(sandbox())) == []
 
 
+TOKEN_SHA256 = "ab" * 32
+AGENT = PodOptions(agent_image="warren.dev/agent:test")
+
+
+def test_the_agent_reaches_any_image_through_an_init_container_and_a_post_start_hook() -> None:
+    blockd = {"csi": {"driver": "blockd.warren.dev", "volumeAttributes": {"workspace": "ws_a"}}}
+    pod = pod_for(sandbox(agentTokenSha256=TOKEN_SHA256), options=AGENT, workspace_volume=blockd)
+    assert floor_violations(pod) == []
+    spec = pod["spec"]
+    (install,) = spec["initContainers"]
+    assert install["image"] == "warren.dev/agent:test"
+    assert install["command"] == ["/warren/agent", "-install", "/.warren"]
+    assert install["securityContext"] == spec["containers"][0]["securityContext"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["warren-agent"] == {
+        "name": "warren-agent",
+        "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"},
+    }
+    assert set(volumes) == {"warren-agent", "workspace"}  # no hostPath, the workspace kept
+    (container,) = spec["containers"]
+    assert {"name": "warren-agent", "mountPath": "/.warren", "readOnly": True} in container["volumeMounts"]
+    # The image's own command still runs; the agent starts beside it, with only the token's hash.
+    assert "command" not in container
+    start = container["lifecycle"]["postStart"]["exec"]["command"]
+    assert start == ["/.warren/agent", "-detach", "-port", "49983", "-access-token-sha256", TOKEN_SHA256]
+
+
+def test_no_agent_without_its_image_or_a_token_hash() -> None:
+    for pod in (pod_for(sandbox(agentTokenSha256=TOKEN_SHA256)), pod_for(sandbox(), options=AGENT)):
+        assert "initContainers" not in pod["spec"]
+        assert "lifecycle" not in pod["spec"]["containers"][0]
+
+
 def test_exactly_one_container_runs_under_gvisor_without_token_or_host_namespaces() -> None:
     pod = pod_for(sandbox(command=["sleep", "infinity"]))
     spec = pod["spec"]
@@ -251,8 +284,10 @@ def test_spec_hash_follows_what_reaches_the_pod_only() -> None:
     assert spec_hash(sandbox(image="other")) != base
     assert spec_hash(sandbox(command=["sh"])) != base
     assert spec_hash(sandbox(resources={"cpu": 2})) != base
-    # Env is part of the pod once set; a Sandbox without it keeps the hash it always had.
+    # Env and the agent's token are part of the pod once set; a Sandbox without them keeps
+    # the hash it always had.
     assert spec_hash(sandbox(env={"A": "1"})) != base
+    assert spec_hash(sandbox(agentTokenSha256=TOKEN_SHA256)) != base
     assert spec_hash(sandbox(env={})) == base
 
 

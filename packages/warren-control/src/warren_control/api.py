@@ -40,9 +40,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from warren_control import ids, podexec, store
+from warren_control import ids, keys, podexec, store
 from warren_control.db import make_engine, session_factory
-from warren_control.identity import Identity, add_identity_error_handler, require_identity
+from warren_control.identity import EDGE, Identity, add_identity_error_handler, require_identity
 from warren_control.kube import ApiException, Kube, Obj, error_message
 from warren_control.models import IdempotencyRecord, Organization, Sandbox, SandboxPhase, User, utcnow
 from warren_control.observation import converge, scrub
@@ -415,7 +415,7 @@ def org_hash(org_id: str) -> str:
     return hashlib.sha256(org_id.encode()).hexdigest()[:32]
 
 
-def _resource(record: Sandbox, namespace: str) -> Obj:
+def _resource(record: Sandbox, namespace: str, stamp_key: bytes) -> Obj:
     spec = record.spec
     body: Obj = {
         "image": spec["image"],
@@ -429,6 +429,7 @@ def _resource(record: Sandbox, namespace: str) -> Obj:
         body["command"] = list(spec["command"])
     if spec.get("env"):
         body["env"] = dict(spec["env"])
+    body["agentTokenSha256"] = keys.agent_token_sha256(stamp_key, record.id)
     workspace = spec.get("workspace")
     if workspace:
         body["workspace"] = {"id": record.workspace_id or "", "size": f"{workspace['size_gib']}Gi"}
@@ -668,7 +669,7 @@ class ApiService:
         """Create the record's Sandbox resource; on failure, withdraw the record (and any
         resource a timed-out create may have left) and return why."""
         try:
-            self.cluster.create(_resource(record, self.settings.namespace))
+            self.cluster.create(_resource(record, self.settings.namespace, self.settings.stamp_key))
         except ClusterError as exc:
             log.warning("creating the Sandbox resource failed: %s", exc)
             try:
@@ -691,10 +692,9 @@ class ApiService:
             return "unavailable:the cluster did not accept the sandbox; retry later"
         return None
 
-    def target(self, who: Identity, sandbox_id: str) -> _Target:
-        """The running pod of a sandbox, for exec and files; touches its idle timer."""
-        with self.sessions.begin() as session:
-            object_name = self.find(session, who, sandbox_id).object_name
+    def running_pod(self, object_name: str) -> tuple[str, str, Obj]:
+        """The running pod of a Sandbox resource: (its name, the Sandbox's uid, the pod);
+        409 not_running otherwise."""
         # The cluster decides, not the record (which may not have caught up yet).
         obj = self.cluster.read(object_name)
         meta = (obj or {}).get("metadata") or {}
@@ -708,11 +708,34 @@ class ApiService:
             and not (pod.get("metadata") or {}).get("deletionTimestamp")
             and (pod.get("status") or {}).get("phase") == "Running"
         )
-        if not running:
+        if pod is None or not running:
             raise ApiError(409, "not_running", "the sandbox is not running yet (or any more)")
+        return name, uid, pod
+
+    def target(self, who: Identity, sandbox_id: str) -> _Target:
+        """The running pod of a sandbox, for exec and files; touches its idle timer."""
+        with self.sessions.begin() as session:
+            object_name = self.find(session, who, sandbox_id).object_name
+        name, uid, _ = self.running_pod(object_name)
         with self.sessions.begin() as session:
             store.keep_alive(session, who.org, sandbox_id)
         return _Target(pod=name, names=(name, object_name, uid, self.settings.namespace))
+
+    def agent_address(self, sandbox_id: str) -> str:
+        """Where a sandbox's agent listens (its pod's address), for the edge to route sandbox
+        traffic to; any organization's sandbox, as the edge has checked the sandbox's own
+        token. Traffic is activity: the idle timer restarts."""
+        with self.sessions.begin() as session:
+            record = session.get(Sandbox, sandbox_id) if _SANDBOX_ID.fullmatch(sandbox_id) else None
+            if record is None or record.deleted_at is not None:
+                raise not_found(sandbox_id)
+            object_name = record.object_name
+            record.touch()
+        _, _, pod = self.running_pod(object_name)
+        address = (pod.get("status") or {}).get("podIP")
+        if not address:
+            raise ApiError(409, "not_running", "the sandbox has no address yet")
+        return str(address)
 
     # ---- the operations both surfaces offer
 
@@ -1224,6 +1247,13 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
         return JSONResponse({"path": path, "size": len(data)})
 
     app.include_router(router)
+
+    @app.get("/internal/agents/{sandbox_id}", include_in_schema=False)
+    def agent_address(sandbox_id: str, who: Who) -> Response:
+        if who != EDGE:
+            raise ApiError(403, "forbidden", "only the edge asks where a sandbox's agent is")
+        return JSONResponse({"address": api.agent_address(sandbox_id)})
+
     # The E2B SDK's routes, at the root where it looks for them (E2B_API_URL is the edge).
     from warren_control import e2b  # e2b builds on this module: imported once both exist
 

@@ -137,7 +137,13 @@ def _edge_app(args: argparse.Namespace, api_url: str) -> Any:
         if not args.oidc_audience:
             raise SystemExit("--oidc-issuer needs --oidc-audience")
         oidc = OidcVerifier.discover(args.oidc_issuer, args.oidc_audience, org_claim=args.oidc_org_claim)
-    return make_edge(api_url, _stamp_key(args), store.DatabaseKeyResolver(sessions), oidc)
+    return make_edge(
+        api_url,
+        _stamp_key(args),
+        store.DatabaseKeyResolver(sessions),
+        oidc,
+        sandbox_domain=args.sandbox_domain,
+    )
 
 
 def _serve_forever(app: Any, host: str, port: int) -> None:
@@ -164,6 +170,7 @@ def _run_controller(args: argparse.Namespace) -> None:
             image_pull_policy=args.image_pull_policy,
             cpu_request_percent=args.cpu_request_percent,
             memory_request_percent=args.memory_request_percent,
+            agent_image=args.agent_image,
         ),
         workspace=blockd_volume if args.workspaces else controller.no_workspace,
     )
@@ -476,7 +483,8 @@ def _serve_parser(commands: Any) -> None:
     )
     serve.add_argument(
         "--sandbox-domain",
-        help="api: the domain sandboxes' hosts are under ({port}-{id}.DOMAIN) as E2B clients see it",
+        help="api, edge: the domain sandboxes' hosts are under ({port}-{id}.DOMAIN): what E2B "
+        "clients are told, and the host names the edge routes to sandboxes",
     )
     serve.add_argument(
         "--no-read-through",

@@ -618,6 +618,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             image_pull_policy=cast(PullPolicy, args.image_pull_policy),
             cpu_request_percent=args.cpu_request_percent,
             memory_request_percent=args.memory_request_percent,
+            agent_image=args.agent_image,
         ),
         resync_seconds=args.resync_seconds,
         workers=args.workers,

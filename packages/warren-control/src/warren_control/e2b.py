@@ -22,8 +22,6 @@ naming the field, never dropped in silence.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import re
 from collections.abc import Callable, Coroutine, Mapping
@@ -38,7 +36,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
-from warren_control import store
+from warren_control import keys, store
 from warren_control.api import (
     ApiError,
     ApiService,
@@ -75,13 +73,6 @@ def warren_id(sandbox_id: str) -> str:
     if _E2B_ID.fullmatch(sandbox_id):
         return _WARREN_PREFIX + sandbox_id
     return sandbox_id
-
-
-def access_token(stamp_key: bytes, sandbox_id: str) -> str:
-    """The sandbox's agent token (`envdAccessToken`): derived from the control plane's key,
-    so it is never stored and the same on every replica; nobody without the key can make it."""
-    key = hmac.new(stamp_key, b"warren agent access token", hashlib.sha256).digest()
-    return hmac.new(key, sandbox_id.encode("ascii"), hashlib.sha256).hexdigest()
 
 
 # --- requests ----------------------------------------------------------------------------------
@@ -193,7 +184,7 @@ class Shapes:
             "sandboxID": e2b_id(record["id"]),
             "clientID": CLIENT_ID,
             "envdVersion": ENVD_VERSION,
-            "envdAccessToken": access_token(self.stamp_key, record["id"]),
+            "envdAccessToken": keys.agent_token(self.stamp_key, record["id"]),
             "domain": self.domain,
         }
 
@@ -215,7 +206,7 @@ class Shapes:
         """`SandboxDetail`: what get answers."""
         return {
             **self.listed(record),
-            "envdAccessToken": access_token(self.stamp_key, record["id"]),
+            "envdAccessToken": keys.agent_token(self.stamp_key, record["id"]),
             "domain": self.domain,
         }
 

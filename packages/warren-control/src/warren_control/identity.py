@@ -67,6 +67,12 @@ class Identity:
                 raise ValueError(f"invalid scope {scope!r}")
 
 
+# The edge itself, asking the API where a sandbox's agent is (to route sandbox traffic). No
+# organization's id looks like this one (ids are org_...), and the edge refuses clients any
+# path under /internal/, so no client's stamp can ever carry it.
+EDGE = Identity(org="-edge-", user="edge", scopes=frozenset({"edge"}))
+
+
 def _b64encode(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 

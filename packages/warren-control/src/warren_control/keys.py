@@ -109,6 +109,19 @@ def parse(token: str) -> ParsedKey:
     return ParsedKey(key_id=match["key_id"], secret=match["secret"])
 
 
+def agent_token(stamp_key: bytes, sandbox_id: str) -> str:
+    """The token a sandbox's agent requires (E2B's `envdAccessToken`): derived from the
+    control plane's key, so it is stored nowhere, the same on every replica and for the
+    sandbox's whole life; without the key nobody can make it. The cluster only ever holds
+    its SHA-256 (agent_token_sha256)."""
+    key = hmac.new(stamp_key, b"warren agent access token", hashlib.sha256).digest()
+    return hmac.new(key, sandbox_id.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def agent_token_sha256(stamp_key: bytes, sandbox_id: str) -> str:
+    return hashlib.sha256(agent_token(stamp_key, sandbox_id).encode("ascii")).hexdigest()
+
+
 def check(token: str, stored_sha256: str) -> bool:
     """Whether `token`'s secret matches the stored hash, compared in constant time."""
     try:

@@ -38,6 +38,16 @@ SPEC_HASH_ANNOTATION = "warren.dev/spec-hash"
 FINALIZER = "warren.dev/controller"
 
 CONTAINER = "sandbox"
+# The agent (agent/ in the repository) reaches every sandbox the same way, whatever its image:
+# an init container of the agent's own image copies the static binary into a small volume,
+# the sandbox's container mounts it read-only, and a postStart hook starts it there, in the
+# sandbox's own filesystem and processes, as the image's user. No hostPath, nothing asked of
+# the image (not even a libc), and the image's own command runs as it would without it.
+AGENT_CONTAINER = "warren-agent"
+AGENT_VOLUME = "warren-agent"
+AGENT_DIR = "/.warren"
+AGENT_IN_IMAGE = "/warren/agent"
+AGENT_PORT = 49983
 WORKSPACE_VOLUME = "workspace"
 WORKSPACE_MOUNT = "/workspace"
 POD_NAME_PREFIX = "sbx-"
@@ -66,6 +76,9 @@ class PodOptions:
 
     runtime_class: str = "gvisor"
     image_pull_policy: PullPolicy = "IfNotPresent"
+    # The agent's image (warren.dev/agent:<version>); None: sandboxes get no agent, and
+    # exec and files go through Kubernetes exec alone.
+    agent_image: str | None = None
     default_cpu: str = "1"
     default_memory: str = "1Gi"
     # What a sandbox reserves on its node, as a share of its size (its limits). 100 for both:
@@ -132,8 +145,10 @@ def spec_hash(sandbox: Mapping[str, Any]) -> str:
     nor upgrading the controller restarts a sandbox."""
     spec = sandbox.get("spec") or {}
     relevant = {key: spec.get(key) for key in ("image", "command", "resources", "workspace")}
-    if spec.get("env"):  # only when set, so sandboxes made before env existed keep their hash
-        relevant["env"] = spec["env"]
+    # Only when set, so sandboxes made before these fields existed keep their hash.
+    for key in ("env", "agentTokenSha256"):
+        if spec.get(key):
+            relevant[key] = spec[key]
     canonical = json.dumps(relevant, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -267,6 +282,9 @@ def pod_for(
         pod_spec["volumes"] = [_workspace(workspace_volume)]
         container["volumeMounts"] = [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT}]
         container["workingDir"] = WORKSPACE_MOUNT
+    token_sha256 = spec.get("agentTokenSha256")
+    if options.agent_image and token_sha256:
+        _add_agent(pod_spec, container, options, str(token_sha256))
 
     return {
         "apiVersion": "v1",
@@ -280,6 +298,36 @@ def pod_for(
         },
         "spec": pod_spec,
     }
+
+
+def _add_agent(pod_spec: Obj, container: Obj, options: PodOptions, token_sha256: str) -> None:
+    """The agent, delivered into the sandbox's container (see AGENT_CONTAINER)."""
+    pod_spec.setdefault("volumes", []).append(
+        # In memory and small: it holds one static binary, and nothing of it outlives the pod.
+        {"name": AGENT_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}
+    )
+    pod_spec["initContainers"] = [
+        {
+            "name": AGENT_CONTAINER,
+            "image": options.agent_image,
+            "imagePullPolicy": options.image_pull_policy,
+            "command": [AGENT_IN_IMAGE, "-install", AGENT_DIR],
+            "volumeMounts": [{"name": AGENT_VOLUME, "mountPath": AGENT_DIR}],
+            "resources": {
+                "requests": {"cpu": "10m", "memory": "32Mi"},
+                "limits": {"cpu": "500m", "memory": "64Mi"},
+            },
+            "securityContext": container["securityContext"],
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
+    ]
+    container.setdefault("volumeMounts", []).append(
+        {"name": AGENT_VOLUME, "mountPath": AGENT_DIR, "readOnly": True}
+    )
+    # -detach returns once the agent answers, so the container counts as started only with
+    # its agent up (a failure restarts the container, and says why in its events).
+    start = [f"{AGENT_DIR}/agent", "-detach", "-port", str(AGENT_PORT), "-access-token-sha256", token_sha256]
+    container["lifecycle"] = {"postStart": {"exec": {"command": start}}}
 
 
 def blockd_volume(sandbox: Mapping[str, Any]) -> Obj | None:
@@ -312,8 +360,13 @@ def controller_uid(pod: Mapping[str, Any]) -> str | None:
 
 
 def add_request_arguments(parser: Any) -> None:
-    """--cpu-request-percent and --memory-request-percent, for every command that runs the
-    controller."""
+    """--cpu-request-percent, --memory-request-percent and --agent-image, for every command
+    that runs the controller."""
+    parser.add_argument(
+        "--agent-image",
+        help="controller: the agent's image (warren.dev/agent:<version>), delivered into every "
+        "sandbox; without it sandboxes have no agent",
+    )
     for kind in ("cpu", "memory"):
         parser.add_argument(
             f"--{kind}-request-percent",
