@@ -35,7 +35,16 @@ func run() error {
 	listen := flag.String("listen", "", "address to listen on (default: all interfaces, -port)")
 	port := flag.Int("port", 49983, "TCP port to serve on (envd's)")
 	token := flag.String("access-token", "", "require this X-Access-Token on every call but /health (default: $"+tokenEnv+")")
+	installDir := flag.String("install", "", "copy this executable into `DIR` as DIR/"+installName+" (mode 0755) and exit, serving nothing")
 	flag.Parse()
+	if *installDir != "" {
+		path, err := install(*installDir)
+		if err != nil {
+			return err
+		}
+		slog.New(slog.NewJSONHandler(os.Stderr, nil)).Info("installed", "path", path)
+		return nil
+	}
 	if *token == "" {
 		*token = os.Getenv(tokenEnv)
 	}

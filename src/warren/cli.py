@@ -572,15 +572,16 @@ def image() -> None:
     "apt_sources",
     multiple=True,
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="An apt source file (.list or .sources) naming the Debian mirror the service images' "
-    "userland comes from, instead of the host's own sources (a build host that is not Debian). "
-    "Repeatable.",
+    help="An apt source file (.list or .sources) naming the Debian mirror the userland of the "
+    "service images and of the base image comes from, instead of the host's own sources (a "
+    "build host that is not Debian). Repeatable.",
 )
 @click.option(
     "--registry",
     default="warren.dev",
     show_default=True,
-    help="Name prefix of the service images (an operator's registry, e.g. registry.example:5000/warren).",
+    help="Name prefix of the service and sandbox images (an operator's registry, e.g. "
+    "registry.example:5000/warren).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print what was built and imported as JSON.")
 def image_build(  # noqa: PLR0917 (click passes every option by position)
@@ -592,24 +593,29 @@ def image_build(  # noqa: PLR0917 (click passes every option by position)
     as_json: bool,
     apt_sources: tuple[Path, ...] = (),
 ) -> None:
-    """Build image archives: busybox, pause, coredns (from local files), and Warren's services
+    """Build image archives: busybox, pause, coredns (from local files), Warren's services
     warren-control, warren-blockd, seaweedfs, postgres (a Debian userland from Debian's
-    packages plus this checkout's wheels; as root). Default: all. With --import, an image
-    the node already holds with the same digest is left alone."""
+    packages plus this checkout's wheels; as root), and the sandbox images agent (the
+    in-sandbox agent alone, built with Go) and base (the sandbox template: a Debian userland
+    with the agent; as root). Default: all. With --import, an image the node already holds
+    with the same digest is left alone."""
     import json
 
     from warren.bundle import BundleError, build, cache
+    from warren.images import sandbox
     from warren.images.rootfs import ImageError
     from warren.images.services import SERVICES, build_from_checkout
     from warren.node import images
 
     local = {"busybox", "pause", "coredns"}
     services = {s.name for s in SERVICES}
-    wanted = set(names) or local | services
-    unknown = wanted - local - services
+    sandboxes = set(sandbox.IMAGES)
+    every = local | services | sandboxes
+    wanted = set(names) or every
+    unknown = wanted - every
     if unknown:
         raise click.ClickException(
-            f"unknown image {', '.join(sorted(unknown))}: choose from {', '.join(sorted(local | services))}"
+            f"unknown image {', '.join(sorted(unknown))}: choose from {', '.join(sorted(every))}"
         )
     made = []
     try:
@@ -622,6 +628,16 @@ def image_build(  # noqa: PLR0917 (click passes every option by position)
                 cache.default_root().absolute(),
                 registry=registry,
                 only=sorted(wanted & services),
+                progress=_say,
+                apt_sources=[path.absolute() for path in apt_sources] or None,
+            )
+        if wanted & sandboxes:
+            made += sandbox.build_from_checkout(
+                build.find_repo(Path.cwd()),
+                out_dir.absolute(),
+                cache.default_root().absolute(),
+                registry=registry,
+                only=sorted(wanted & sandboxes),
                 progress=_say,
                 apt_sources=[path.absolute() for path in apt_sources] or None,
             )
