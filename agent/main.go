@@ -35,6 +35,8 @@ func run() error {
 	listen := flag.String("listen", "", "address to listen on (default: all interfaces, -port)")
 	port := flag.Int("port", 49983, "TCP port to serve on (envd's)")
 	token := flag.String("access-token", "", "require this X-Access-Token on every call but /health (default: $"+tokenEnv+")")
+	tokenSHA256 := flag.String("access-token-sha256", "", "require an X-Access-Token whose SHA-256 is this `HEX` (the token itself need appear nowhere)")
+	detached := flag.Bool("detach", false, "start the agent in a session of its own and return once it answers /health (for a container's postStart hook)")
 	installDir := flag.String("install", "", "copy this executable into `DIR` as DIR/"+installName+" (mode 0755) and exit, serving nothing")
 	flag.Parse()
 	if *installDir != "" {
@@ -48,6 +50,14 @@ func run() error {
 	if *token == "" {
 		*token = os.Getenv(tokenEnv)
 	}
+	if *tokenSHA256 != "" {
+		if !validSHA256(*tokenSHA256) {
+			return fmt.Errorf("-access-token-sha256 %q: give 64 lower-case hex digits", *tokenSHA256)
+		}
+		if *token != "" {
+			return errors.New("give the token (-access-token or $" + tokenEnv + ") or its -access-token-sha256, not both")
+		}
+	}
 	// The commands the agent runs inherit its environment: the token stays out of it.
 	if err := os.Unsetenv(tokenEnv); err != nil {
 		return fmt.Errorf("removing $%s from the environment: %w", tokenEnv, err)
@@ -55,6 +65,21 @@ func run() error {
 	addr := *listen
 	if addr == "" {
 		addr = fmt.Sprintf(":%d", *port)
+	}
+	if *detached {
+		host, portText, err := net.SplitHostPort(addr)
+		if err != nil {
+			return fmt.Errorf("-listen %s: %w", addr, err)
+		}
+		if host == "" || host == "0.0.0.0" || host == "::" {
+			host = "127.0.0.1"
+		}
+		// The token travels to the detached agent in its environment, as it came.
+		if *token != "" {
+			os.Setenv(tokenEnv, *token)
+		}
+		args := withoutFlag(os.Args[1:], "detach")
+		return detach(withoutValueFlag(args, "access-token"), "http://"+net.JoinHostPort(host, portText)+"/health")
 	}
 	self, err := identity.Self()
 	if err != nil {
@@ -66,7 +91,7 @@ func run() error {
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true) // the SDK speaks HTTP/2 without TLS by default
 	srv := &http.Server{
-		Handler:           server.New(server.Config{AccessToken: *token, Self: self}),
+		Handler:           server.New(server.Config{AccessToken: *token, AccessTokenSHA256: *tokenSHA256, Self: self}),
 		Protocols:         protocols,
 		ReadHeaderTimeout: 30 * time.Second,
 	}
@@ -74,7 +99,7 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w (is another agent running? pick another -port)", addr, err)
 	}
-	log.Info("serving", "address", ln.Addr().String(), "user", self.Name, "token_required", *token != "")
+	log.Info("serving", "address", ln.Addr().String(), "user", self.Name, "token_required", *token != "" || *tokenSHA256 != "")
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -4,7 +4,9 @@
 package server
 
 import (
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"net/http"
 	"strings"
 
@@ -21,7 +23,11 @@ const TokenHeader = "X-Access-Token"
 type Config struct {
 	// AccessToken, when not empty, is required on every call but /health.
 	AccessToken string
-	Self        *identity.User
+	// AccessTokenSHA256 instead names the token by its SHA-256 (hex), so the
+	// token itself appears nowhere the agent's starter could leave it (a pod's
+	// spec, a process list).
+	AccessTokenSHA256 string
+	Self              *identity.User
 }
 
 // New returns the agent's handler.
@@ -47,7 +53,7 @@ func New(cfg Config) http.Handler {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
-		if cfg.AccessToken != "" && !tokenMatches(r.Header.Get(TokenHeader), cfg.AccessToken) {
+		if !cfg.tokenAccepted(r.Header.Get(TokenHeader)) {
 			const msg = "missing or wrong " + TokenHeader + " header: send the sandbox's access token"
 			if isRPC(r.URL.Path) {
 				rpc.WriteError(w, rpc.Errorf(rpc.Unauthenticated, "%s", msg))
@@ -60,8 +66,18 @@ func New(cfg Config) http.Handler {
 	})
 }
 
-func tokenMatches(got, want string) bool {
-	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+// tokenAccepted says whether a call's token is the one the agent requires
+// (any, when it requires none), compared in constant time.
+func (cfg Config) tokenAccepted(got string) bool {
+	switch {
+	case cfg.AccessTokenSHA256 != "":
+		sum := sha256.Sum256([]byte(got))
+		return subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(cfg.AccessTokenSHA256)) == 1
+	case cfg.AccessToken != "":
+		return subtle.ConstantTimeCompare([]byte(got), []byte(cfg.AccessToken)) == 1
+	default:
+		return true
+	}
 }
 
 // isRPC tells a Connect call (/<package.Service>/<Method>) from a plain HTTP route.

@@ -2,8 +2,10 @@ package server
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"mime/multipart"
@@ -445,5 +447,38 @@ func TestUploadMetadataIsKeptAndStatShowsIt(t *testing.T) {
 	a.unary("filesystem.Filesystem/Stat", map[string]string{"path": "tagged.txt"}, &stat)
 	if len(stat.Entry.Metadata) != 1 || stat.Entry.Metadata["owner"] != "bob" {
 		t.Fatalf("Stat metadata: %+v", stat.Entry.Metadata)
+	}
+}
+
+func TestATokenNamedByItsHashIsRequiredTheSameWay(t *testing.T) {
+	self, err := identity.Self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(token))
+	srv := httptest.NewServer(New(Config{AccessTokenSHA256: hex.EncodeToString(sum[:]), Self: self}))
+	t.Cleanup(srv.Close)
+	for _, tc := range []struct {
+		sent string
+		want int
+	}{
+		{token, http.StatusOK},
+		{"", http.StatusUnauthorized},
+		{token + "x", http.StatusUnauthorized},
+		{hex.EncodeToString(sum[:]), http.StatusUnauthorized}, // the hash is not the token
+	} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/process.Process/List", strings.NewReader(`{}`))
+		req.Header.Set("Content-Type", "application/json")
+		if tc.sent != "" {
+			req.Header.Set(TokenHeader, tc.sent)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != tc.want {
+			t.Errorf("token %q: %d, want %d", tc.sent, res.StatusCode, tc.want)
+		}
 	}
 }
