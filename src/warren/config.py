@@ -263,8 +263,9 @@ IMAGE_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 # The name Warren's images are built under. No registry serves it: with it, the installers
 # import the images into the nodes instead of pulling or pushing.
 DEFAULT_IMAGE_REGISTRY = "warren.dev"
-# The images of Warren's services (warren image build), by the name the templates use.
-SERVICE_IMAGES = ("warren-control", "warren-blockd", "seaweedfs", "postgres")
+# The images Warren's workloads run or deliver (warren image build), by the name the templates
+# use: its services, the agent every sandbox gets and the base template.
+SERVICE_IMAGES = ("warren-control", "warren-blockd", "seaweedfs", "postgres", "agent", "base")
 IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")

@@ -243,7 +243,7 @@ def test_the_go_binaries_run_offline(
 
 def test_the_image_archives_are_valid_oci_layouts(extracted: Path, manifest: Manifest) -> None:
     images = sorted((extracted / "images").glob("*.tar"))
-    services = {"warren-control", "warren-blockd", "seaweedfs", "postgres"}
+    services = {"warren-control", "warren-blockd", "seaweedfs", "postgres", "agent", "base"}
     assert {p.stem for p in images} == {"busybox", "coredns", "pause", *services}
     names = {}
     for path in images:

@@ -206,7 +206,8 @@ def test_the_cluster_holds_what_warren_renders_for_the_sample_pinned_by_the_bund
     config = for_bundle(load_config(site.config), extracted)
     tag = config.services.image_tag
     assert config.services.image_digests == {
-        service: pins[f"warren.dev/{service}:{tag}"] for service in ("warren-control", "warren-blockd")
+        service: pins[f"warren.dev/{service}:{tag}"]
+        for service in ("warren-control", "warren-blockd", "agent", "base")
     }
     objects = render(config)
     assert {o["kind"] for o in objects} >= {"Deployment", "DaemonSet", "Job", "ValidatingAdmissionPolicy"}
@@ -243,7 +244,8 @@ def test_the_nodes_containerd_holds_the_images_by_name_and_by_digest(lab: Lab, e
         for cols in (line.split() for line in listed.stdout.splitlines()[1:])
         if len(cols) > 3
     }
-    for service in ("warren-control", "warren-blockd"):
+    # Warren's services, the agent every sandbox gets and the base template.
+    for service in ("warren-control", "warren-blockd", "agent", "base"):
         name = next(n for n in pins if n.startswith(f"warren.dev/{service}:"))
         by_digest = f"{name.rsplit(':', 1)[0]}@{pins[name]}"
         for ref in (name, by_digest):

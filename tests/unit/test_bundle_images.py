@@ -45,7 +45,8 @@ def extracted_bundle(root: Path, tag: str = TAG, digests: dict[str, str] | None 
 
 
 def container_images(objects: list[dict[str, object]]) -> set[str]:
-    """Every container image of the workloads in warren-system."""
+    """Every image the workloads in warren-system run, or deliver into sandboxes (the images
+    their arguments name: the agent's, the templates')."""
     found = set()
     for obj in objects:
         meta = obj["metadata"]
@@ -56,6 +57,11 @@ def container_images(objects: list[dict[str, object]]) -> set[str]:
         pod = spec["template"]["spec"]
         for container in pod.get("containers", []) + pod.get("initContainers", []):
             found.add(container["image"])
+            for arg in container.get("args", []):
+                if arg.startswith("--agent-image="):
+                    found.add(arg.split("=", 1)[1])
+                elif arg.startswith("--template="):
+                    found.add(arg.split("=", 2)[2])
     return found
 
 
@@ -68,9 +74,9 @@ def test_the_stores_name_exactly_the_images_their_workloads_run() -> None:
         assert used == set(images), stores
 
 
-def test_the_external_stores_workloads_need_only_the_two_warren_images(tmp_path: Path) -> None:
+def test_the_external_stores_workloads_need_only_warren_s_own_images(tmp_path: Path) -> None:
     found = workload_images(extracted_bundle(tmp_path), TAG, "external")
-    assert [image.service for image in found] == ["warren-control", "warren-blockd"]
+    assert [image.service for image in found] == ["warren-control", "warren-blockd", "agent", "base"]
     control = found[0]
     assert control.name == "warren.dev/warren-control:0.1.0"
     assert control.digest == DIGESTS["warren-control"]

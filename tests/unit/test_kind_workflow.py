@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from warren.config import SERVICE_IMAGES, WarrenConfig, load_config, parse_config
+from warren.images import sandbox
 from warren.images.services import SERVICES
 from warren.node.workloads import for_local_node
 from warren.render import render
@@ -222,7 +223,7 @@ def test_the_workflow_builds_and_loads_exactly_the_service_images() -> None:
     build_at, build = _command("warren", "image", "build")
     built = [word for word in build[build.index("build") + 1 :] if not word.startswith("-")]
     built = built[: len(SERVICE_IMAGES)]
-    assert sorted(built) == sorted(SERVICE_IMAGES) == sorted(s.name for s in SERVICES)
+    assert sorted(built) == sorted(SERVICE_IMAGES) == sorted([s.name for s in SERVICES] + list(sandbox.IMAGES))
     # The registry the images are named with is the one the configuration names.
     assert "--registry" not in build
     assert load_config(KIND_CONFIG).services.image_registry == "warren.dev"

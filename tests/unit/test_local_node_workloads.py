@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from warren.config import SERVICE_IMAGES, parse_config
+from warren.images import sandbox
 from warren.images.services import SERVICES
 from warren.node.workloads import LocalNodeError, for_local_node
 
@@ -17,7 +18,7 @@ HELD = {f"warren.dev/{name}:0.1.0": "sha256:" + f"{i:02x}" * 32 for i, name in e
 
 
 def test_the_configuration_knows_every_service_image_the_build_makes() -> None:
-    assert set(SERVICE_IMAGES) == {s.name for s in SERVICES}
+    assert set(SERVICE_IMAGES) == {s.name for s in SERVICES} | set(sandbox.IMAGES)
 
 
 def test_the_local_node_gets_its_own_paths_and_pinned_never_pulled_images() -> None:

@@ -17,6 +17,7 @@ import hashlib
 import os
 import secrets
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,7 +64,11 @@ class E2bOrg:
 
 @pytest.fixture(scope="module")
 def e2b_stack(stack_url: str, standin: StandIn) -> Iterator[Stack]:
-    with serve_stack(stack_url, standin, templates=TEMPLATES, sandbox_domain="sandboxes.example") as served:
+    # No controller runs here, so nothing ever runs: these tests take the answer at once
+    # (start_wait_s 0); test_create_waits_until_the_sandbox_runs plays the controller.
+    with serve_stack(
+        stack_url, standin, templates=TEMPLATES, sandbox_domain="sandboxes.example", start_wait_s=0
+    ) as served:
         yield served
 
 
@@ -394,6 +399,11 @@ def test_commands_and_files_reach_the_agent_through_the_edge(
         sandbox.commands.run("true")
 
 
+def off_by_one(token: str) -> str:
+    """The token with its last character changed (always to a different one)."""
+    return token[:-1] + ("1" if token[-1] == "0" else "0")
+
+
 def test_sandbox_traffic_needs_that_sandbox_s_token(
     e2b_stack: Stack, standin: StandIn, agent_binary: Path, tmp_path: Path
 ) -> None:
@@ -409,7 +419,7 @@ def test_sandbox_traffic_needs_that_sandbox_s_token(
             "no token": {},
             "another sandbox's token": {"X-Access-Token": other._envd_access_token or ""},
             "an API key instead": {"X-API-KEY": owner.key},
-            "a token one character off": {"X-Access-Token": (sandbox._envd_access_token or "")[:-1] + "0"},
+            "a token one character off": {"X-Access-Token": off_by_one(sandbox._envd_access_token or "")},
         }
         for what, headers in attempts.items():
             answer = httpx.post(url, json=body, headers={**route, **headers})
@@ -428,3 +438,83 @@ def test_sandbox_traffic_needs_that_sandbox_s_token(
         pod.process.wait(timeout=10)
     sandbox.kill()
     other.kill()
+
+
+# --- create answers once the sandbox runs -------------------------------------------------------
+
+
+def play_controller(standin: StandIn, status: dict[str, Any], after_s: float) -> threading.Event:
+    """What the controller would write: `status` on every Sandbox created from now on, `after_s`
+    after it appears. Set the returned event to stop."""
+    stop = threading.Event()
+    seen = {name for _, name in list(standin.objects)}
+
+    def run() -> None:
+        first_seen: dict[str, float] = {}
+        while not stop.wait(0.05):
+            for _, name in list(standin.objects):
+                if name in seen:
+                    continue
+                first_seen.setdefault(name, time.monotonic())
+                if time.monotonic() - first_seen[name] >= after_s:
+                    standin.set_status(name, status)
+                    seen.add(name)
+
+    threading.Thread(target=run, daemon=True).start()
+    return stop
+
+
+def test_create_waits_until_the_sandbox_runs(stack_url: str, standin: StandIn) -> None:
+    with serve_stack(stack_url, standin, templates=TEMPLATES, start_wait_s=30) as waiting:
+        org = new_org(waiting)
+        stop = play_controller(standin, {"phase": "Running"}, after_s=1.0)
+        try:
+            started = time.monotonic()
+            sandbox = Sandbox.create("base", **org.opts)
+            # It answered only once the controller had said Running: the SDK may use it at once.
+            assert time.monotonic() - started >= 1.0
+            assert record(waiting, sandbox.sandbox_id).phase is SandboxPhase.RUNNING
+            # Fork children and a resume wait the same way.
+            (child,) = sandbox.fork(count=1)
+            assert isinstance(child, Sandbox)
+            assert record(waiting, child.sandbox_id).phase is SandboxPhase.RUNNING
+        finally:
+            stop.set()
+        sandbox.kill()
+        child.kill()
+
+
+def test_a_sandbox_that_cannot_start_says_why_at_once(stack_url: str, standin: StandIn) -> None:
+    never = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "ErrImageNeverPull",
+                "message": "image not on the node",
+            }
+        ],
+    }
+    with serve_stack(stack_url, standin, templates=TEMPLATES, start_wait_s=30) as waiting:
+        org = new_org(waiting)
+        stop = play_controller(standin, never, after_s=0.2)
+        try:
+            started = time.monotonic()
+            with pytest.raises(
+                SandboxException, match="cannot start: ErrImageNeverPull: image not on the node"
+            ):
+                Sandbox.create("base", **org.opts)
+            assert time.monotonic() - started < 20
+        finally:
+            stop.set()
+
+
+def test_a_sandbox_still_starting_after_the_wait_is_a_504_naming_it(stack_url: str, standin: StandIn) -> None:
+    with serve_stack(stack_url, standin, templates=TEMPLATES, start_wait_s=1) as waiting:
+        org = new_org(waiting)
+        with pytest.raises(SandboxException, match=r"is not running after 1 s \(Pending: starting\)"):
+            Sandbox.create("base", **org.opts)
+        # It keeps starting: it is there, running as far as E2B's states go, until its timeout.
+        (listed,) = Sandbox.list(**org.opts).next_items()
+        Sandbox.kill(listed.sandbox_id, **org.opts)

@@ -144,7 +144,7 @@ def build(
         with _step("debian packages", seconds, progress):
             parts.add_debs(*debs.collect(cache_root, progress))
         with _step("images", seconds, progress):
-            from warren.images import services
+            from warren.images import sandbox, services
             from warren.images.rootfs import ImageError
             from warren.node.images import build_all
 
@@ -157,6 +157,14 @@ def build(
             try:
                 made += services.build(
                     flat,
+                    services.project_version(repo),
+                    cache_root / "images",
+                    staging / "images",
+                    progress=progress,
+                )
+                # The agent and the base template, which every sandbox node runs too.
+                made += sandbox.build(
+                    repo / "agent",
                     services.project_version(repo),
                     cache_root / "images",
                     staging / "images",

@@ -22,9 +22,11 @@ from warren.bundle.manifest import Manifest, ManifestError
 
 # The images each kind of stores runs as workloads (manifests/warren-system.yaml.j2): the
 # embedded stores are workloads too; external ones are the operator's.
+# Every configuration also runs the agent (delivered into every sandbox) and the base
+# template's image (what E2B's SDK starts by default).
 WORKLOAD_IMAGES: dict[str, tuple[str, ...]] = {
-    "embedded": ("warren-control", "warren-blockd", "seaweedfs", "postgres"),
-    "external": ("warren-control", "warren-blockd"),
+    "embedded": ("warren-control", "warren-blockd", "seaweedfs", "postgres", "agent", "base"),
+    "external": ("warren-control", "warren-blockd", "agent", "base"),
 }
 
 

@@ -119,6 +119,9 @@ class ApiSettings:
     # are under ({port}-{id}.{domain}; None: the client's own E2B_DOMAIN).
     templates: Mapping[str, Template] = field(default_factory=dict)
     sandbox_domain: str | None = None
+    # How long an E2B create, connect or fork waits for its sandboxes to run before it answers
+    # (E2B's SDK uses a sandbox as soon as it has one); 0 answers at once.
+    start_wait_s: float = 50.0
 
 
 # --- errors ------------------------------------------------------------------------------------

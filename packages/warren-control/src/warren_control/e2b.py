@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -53,6 +54,8 @@ from warren_control.templates import Template
 ENVD_VERSION = "0.6.4"
 CLIENT_ID = "warren"
 DEFAULT_TIMEOUT_S = 300  # E2B's default sandbox timeout
+# The cluster's reasons a pod will never start by waiting (its image cannot be had).
+CANNOT_START = frozenset({"ErrImageNeverPull", "InvalidImageName"})
 MAX_LIST = 100
 _E2B_ID = re.compile(r"[a-z2-7]{26}")
 _WARREN_PREFIX = "sbx_"
@@ -301,6 +304,31 @@ def make_router(  # noqa: PLR0915 (the routes are the surface)
             raise not_found(sandbox_id)
         return answer
 
+    def running(who: Identity, sandbox_id: str) -> dict[str, Any]:
+        """The sandbox once it runs (so its agent answers: a pod counts as running only after
+        the hook that starts the agent), waiting at most the deployment's start wait. A
+        sandbox that cannot start says why at once; one still starting after the wait is a
+        504 naming what it waits for, and keeps starting."""
+        deadline = time.monotonic() + api.settings.start_wait_s
+        while True:
+            answer = record(who, sandbox_id)
+            if answer["phase"] == SandboxPhase.RUNNING.value or api.settings.start_wait_s <= 0:
+                return answer
+            ready: dict[str, Any] = next((c for c in answer["conditions"] if c.get("type") == "Ready"), {})
+            why = f"{ready.get('reason') or answer['phase']}: {ready.get('message') or 'starting'}"
+            if answer["phase"] == SandboxPhase.FAILED.value or ready.get("reason") in CANNOT_START:
+                raise ApiError(500, "cannot_start", f"sandbox {e2b_id(answer['id'])} cannot start: {why}")
+            if time.monotonic() >= deadline:
+                raise ApiError(
+                    504,
+                    "timeout",
+                    f"sandbox {e2b_id(answer['id'])} is not running after {api.settings.start_wait_s:.0f} s "
+                    f"({why}); it keeps starting: connect to it again",
+                    # The sandbox exists: a retry would make a second one.
+                    headers={"Should-Retry": "false"},
+                )
+            time.sleep(0.2)
+
     def create(body: NewSandbox, who: Identity, key: str | None, route: str) -> Response:
         refuse_unsupported(body)
         check_env(body.env_vars or {})
@@ -315,7 +343,7 @@ def make_router(  # noqa: PLR0915 (the routes are the surface)
             "max_lifetime_s": body.timeout or DEFAULT_TIMEOUT_S,
         }
         _, answer, _ = api.create(who, request, key, route=route, extra=extra)
-        return JSONResponse(shapes.sandbox(answer), status_code=201)
+        return JSONResponse(shapes.sandbox(running(who, answer["id"])), status_code=201)
 
     @router.post("/sandboxes", status_code=201)
     def create_v1(body: NewSandbox, who: Who, key: IdempotencyKey = None) -> Response:
@@ -452,8 +480,8 @@ def make_router(  # noqa: PLR0915 (the routes are the surface)
             set_end(who, sandbox_id, timeout, only_later=True)
             return JSONResponse(shapes.sandbox(answer), status_code=200)
         set_end(who, sandbox_id, timeout)
-        resumed = api.set_stopped(who, warren_id(sandbox_id), False)
-        return JSONResponse(shapes.sandbox(resumed), status_code=201)
+        api.set_stopped(who, warren_id(sandbox_id), False)
+        return JSONResponse(shapes.sandbox(running(who, answer["id"])), status_code=201)
 
     @router.post("/sandboxes/{sandbox_id}/connect")
     def connect_v1(sandbox_id: str, who: Who, body: ConnectBody | None = None) -> Response:
@@ -489,7 +517,12 @@ def make_router(  # noqa: PLR0915 (the routes are the surface)
         results: list[dict[str, Any]] = []
         for result in answer["results"]:
             if result["ok"]:
-                results.append({"sandbox": shapes.sandbox(result["sandbox"])})
+                try:
+                    child = running(who, result["sandbox"]["id"])
+                except ApiError as exc:
+                    results.append({"error": {"code": exc.status, "message": exc.message}})
+                    continue
+                results.append({"sandbox": shapes.sandbox(child)})
             else:
                 code = (
                     429
