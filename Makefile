@@ -275,6 +275,12 @@ bench-blockd-fuse: $(BLOCKD)/.venv/.installed
 bench-control: venv $(CONTROL)/.venv/.installed
 	bench/run-control.sh
 
+# Exec round trip through the sandbox's agent against Kubernetes exec, one sandbox of the
+# deployed platform (make deploy first); writes bench/results/exec.json.
+.PHONY: bench-exec
+bench-exec: venv
+	bench/run-exec.sh
+
 # Fork to Running for a 1 GiB and an 8 GiB workspace, create with an empty one (as root).
 bench-workspace: venv $(BLOCKD)/.venv/.installed
 	bench/run-workspace.sh

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -50,6 +51,8 @@ def test_workspace_is_a_real_ext4_mounted_nosuid_nodev(node: Blockd, tmp_path: P
         check=True,
     )
     assert out.stdout.strip() == "65534"
+    # Any user of the sandbox may write at the top of a new workspace (sticky, as /tmp is).
+    assert stat.S_IMODE(target.stat().st_mode) == 0o1777
 
 
 def test_fork_children_see_the_source_and_diverge_on_their_own(node: Blockd, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import io
 import json
+import shutil
 import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -220,6 +221,15 @@ def _write(spec: ImageSpec, layers: list[tuple[str, _Blob]], out: Path) -> Built
                 tar.addfile(info, io.BytesIO(entry.data))
     tmp.replace(out)
     return Built(spec.name, out, _digest(manifest), _file_sha256(out))
+
+
+def prune_beside(current: Path, keep: int) -> None:
+    """Remove all but the `keep` newest cached directories beside `current` that share its
+    name up to the key (`<kind>-<key>`), `current` always kept."""
+    kind = current.name.rsplit("-", 1)[0]
+    found = sorted(current.parent.glob(f"{kind}-*"), key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in [d for d in found if d != current][keep - 1 :]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _file_sha256(path: Path) -> str:

@@ -37,6 +37,7 @@ from warren.images import (
     compress_layer,
     debian,
     layer_tar,
+    prune_beside,
 )
 from warren.images.rootfs import ImageError
 
@@ -115,18 +116,11 @@ def _userland(
         tarball.unlink()
         entry = {"diff_id": layer.diff_id, "digest": layer.digest, "size": layer.size}
         record.write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
-        _prune(directory)
+        prune_beside(directory, KEEP_USERLANDS)
     else:
         progress(f"base image userland from the cache ({directory.name})")
     entry = json.loads(record.read_text())
     return Layer(entry["diff_id"], entry["digest"], entry["size"], directory / "userland.tar.gz")
-
-
-def _prune(current: Path) -> None:
-    """Remove all but the newest userlands beside `current`."""
-    sets = sorted(current.parent.glob("base-userland-*"), key=lambda d: d.stat().st_mtime, reverse=True)
-    for old in [d for d in sets if d != current][KEEP_USERLANDS - 1 :]:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def build(

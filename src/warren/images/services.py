@@ -30,7 +30,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from warren.images import Built, ImageSpec, Layer, build_layered_archive, compress_layer, debian
+from warren.images import (
+    Built,
+    ImageSpec,
+    Layer,
+    build_layered_archive,
+    compress_layer,
+    debian,
+    prune_beside,
+)
 from warren.images.rootfs import ImageError
 
 ROOT = "opt/warren"  # every service's own directory, one layer each
@@ -190,7 +198,7 @@ def _cached_layers(
             raw.unlink()
         tarball.unlink()
         record.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
-        _prune(directory)
+        prune_beside(directory, KEEP_LAYER_SETS)
     else:
         progress(f"service image layers from the cache ({directory.name})")
     return {
@@ -200,13 +208,6 @@ def _cached_layers(
 
 
 KEEP_LAYER_SETS = 2  # every change to a wheel makes a new set (~250 MB): keep the newest
-
-
-def _prune(current: Path) -> None:
-    """Remove all but the newest sets of layers beside `current`."""
-    sets = sorted(current.parent.glob("service-layers-*"), key=lambda d: d.stat().st_mtime, reverse=True)
-    for old in [d for d in sets if d != current][KEEP_LAYER_SETS - 1 :]:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def build(

@@ -367,6 +367,10 @@ class Daemon:
                 "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
                 device,
             )
+            # The sandbox's own user, whoever its image says that is, may write at the top
+            # of its workspace: world-writable and sticky, as /tmp is (a sandbox has one
+            # tenant; the daemon never learns the image's user to give it the directory).
+            run("debugfs", "-w", "-R", "set_inode_field / mode 041777", device)
         finally:
             receipt = self._detach(workspace_id, wait_replicated=self.settings.fork_wait)
         return {"workspace": workspace_id, "from": "empty ext4", "receipt": receipt.__dict__}

@@ -76,6 +76,7 @@ def _api_settings(args: argparse.Namespace, *, read_through: bool) -> Any:
         read_through=read_through,
         workspace_retention_s=args.workspace_retention_hours * 3600,
         templates=dict(args.template),
+        start_wait_s=args.start_wait,
         sandbox_domain=args.sandbox_domain,
     )
 
@@ -480,6 +481,13 @@ def _serve_parser(commands: Any) -> None:
         default=[],
         metavar="NAME=IMAGE",
         help="api: a template the E2B surface's templateID may name (repeatable)",
+    )
+    serve.add_argument(
+        "--start-wait",
+        type=float,
+        default=50.0,
+        metavar="SECONDS",
+        help="api: how long an E2B create, connect or fork waits for its sandboxes to run (0: not at all)",
     )
     serve.add_argument(
         "--sandbox-domain",

@@ -108,6 +108,21 @@ def _unauthenticated(message: str) -> _EdgeError:
     return _EdgeError(401, "unauthenticated", message)
 
 
+def _client(
+    transport: httpx.AsyncBaseTransport | None, *, connect_s: float, keepalive: int
+) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=transport,
+        # No read timeout: an exec stream or a command's output may be quiet for a long time
+        # and still be alive.
+        timeout=httpx.Timeout(connect=connect_s, read=None, write=60.0, pool=10.0),
+        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=keepalive),
+        follow_redirects=False,
+        # Proxy settings in the environment must not divert the call.
+        trust_env=False,
+    )
+
+
 def _sandbox_error(status: int, message: str) -> Response:
     return JSONResponse({"code": status, "message": message}, status_code=status)
 
@@ -178,27 +193,12 @@ class _Edge:
 
     def open_client(self) -> httpx.AsyncClient:
         if self.client is None:
-            self.client = httpx.AsyncClient(
-                transport=self.transport,
-                # No read timeout: an exec stream may be quiet for a long time and still be alive.
-                timeout=httpx.Timeout(connect=10.0, read=None, write=60.0, pool=10.0),
-                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
-                follow_redirects=False,
-                # Proxy settings in the environment must not divert the call to the API.
-                trust_env=False,
-            )
+            self.client = _client(self.transport, connect_s=10.0, keepalive=100)
         return self.client
 
     def open_sandbox_client(self) -> httpx.AsyncClient:
         if self.sandbox_client is None:
-            self.sandbox_client = httpx.AsyncClient(
-                transport=self.sandbox_transport,
-                # A command's output may pause for long: no read timeout, as for exec.
-                timeout=httpx.Timeout(connect=5.0, read=None, write=60.0, pool=10.0),
-                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
-                follow_redirects=False,
-                trust_env=False,
-            )
+            self.sandbox_client = _client(self.sandbox_transport, connect_s=5.0, keepalive=200)
         return self.sandbox_client
 
     async def close(self) -> None:

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# `make bench-exec`: bench/exec.py against the platform `make deploy` deployed here (its edge
+# and its first API key); refuses, saying so, when nothing is deployed. Writes
+# bench/results/exec.json.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+records=${WARREN_HOME:-/var/lib/warren}/cluster/control-plane
+if [[ ! -s $records/url || ! -s $records/api-key ]]; then
+  echo "bench-exec: no deployed platform here ($records/url and api-key are missing): run make deploy first" >&2
+  exit 1
+fi
+exec .venv/bin/python bench/exec.py --url "$(cat "$records/url")" --api-key-file "$records/api-key" "$@"
