@@ -223,7 +223,8 @@ def test_the_workflow_builds_and_loads_exactly_the_service_images() -> None:
     build_at, build = _command("warren", "image", "build")
     built = [word for word in build[build.index("build") + 1 :] if not word.startswith("-")]
     built = built[: len(SERVICE_IMAGES)]
-    assert sorted(built) == sorted(SERVICE_IMAGES) == sorted([s.name for s in SERVICES] + list(sandbox.IMAGES))
+    made_here = [s.name for s in SERVICES] + list(sandbox.IMAGES)
+    assert sorted(built) == sorted(SERVICE_IMAGES) == sorted(made_here)
     # The registry the images are named with is the one the configuration names.
     assert "--registry" not in build
     assert load_config(KIND_CONFIG).services.image_registry == "warren.dev"
