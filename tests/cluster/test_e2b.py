@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -40,8 +41,9 @@ def edge(state: Path) -> str:
 def keys(env: dict[str, str], state: Path) -> Iterator[tuple[str, str]]:
     """An e2b_ key of the first organization and one of an organization of its own."""
     mine = ok(admin(env, state, "issue-key", "default", "e2b-program", "--e2b")).strip()
-    ok(admin(env, state, "create-org", "e2b-strangers"))
-    theirs = ok(admin(env, state, "issue-key", "e2b-strangers", "stranger", "--e2b")).strip()
+    strangers = f"e2b-strangers-{secrets.token_hex(4)}"  # new on every run, records kept or not
+    ok(admin(env, state, "create-org", strangers))
+    theirs = ok(admin(env, state, "issue-key", strangers, "stranger", "--e2b")).strip()
     yield mine, theirs
     for key in (mine, theirs):
         ok(admin(env, state, "revoke-key", key))

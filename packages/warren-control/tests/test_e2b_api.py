@@ -457,7 +457,10 @@ def play_controller(standin: StandIn, status: dict[str, Any], after_s: float) ->
                     continue
                 first_seen.setdefault(name, time.monotonic())
                 if time.monotonic() - first_seen[name] >= after_s:
-                    standin.set_status(name, status)
+                    obj = standin.get(name)
+                    generation = (obj or {}).get("metadata", {}).get("generation", 1)
+                    # Written for the generation it saw, as the controller writes it.
+                    standin.set_status(name, {**status, "observedGeneration": generation})
                     seen.add(name)
 
     threading.Thread(target=run, daemon=True).start()
@@ -474,12 +477,26 @@ def test_create_waits_until_the_sandbox_runs(stack_url: str, standin: StandIn) -
             # It answered only once the controller had said Running: the SDK may use it at once.
             assert time.monotonic() - started >= 1.0
             assert record(waiting, sandbox.sandbox_id).phase is SandboxPhase.RUNNING
-            # Fork children and a resume wait the same way.
+            # Fork children wait the same way.
             (child,) = sandbox.fork(count=1)
             assert isinstance(child, Sandbox)
             assert record(waiting, child.sandbox_id).phase is SandboxPhase.RUNNING
         finally:
             stop.set()
+        # A resume waits for the controller's status of the resumed spec: "Running" written for
+        # the spec before the pause does not count.
+        name = record(waiting, sandbox.sandbox_id).object_name
+        sandbox.pause()
+
+        def controller_sees_the_resume() -> None:
+            time.sleep(1.0)
+            generation = (standin.get(name) or {})["metadata"]["generation"]
+            standin.set_status(name, {"phase": "Running", "observedGeneration": generation})
+
+        threading.Thread(target=controller_sees_the_resume, daemon=True).start()
+        started = time.monotonic()
+        Sandbox.connect(sandbox.sandbox_id, **org.opts)
+        assert time.monotonic() - started >= 1.0
         sandbox.kill()
         child.kill()
 

@@ -695,6 +695,10 @@ class ApiService:
             return "unavailable:the cluster did not accept the sandbox; retry later"
         return None
 
+    def object_name(self, who: Identity, sandbox_id: str) -> str:
+        with self.sessions() as session:
+            return self.find(session, who, sandbox_id).object_name
+
     def running_pod(self, object_name: str) -> tuple[str, str, Obj]:
         """The running pod of a Sandbox resource: (its name, the Sandbox's uid, the pod);
         409 not_running otherwise."""

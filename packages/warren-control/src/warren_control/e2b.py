@@ -48,6 +48,8 @@ from warren_control.api import (
 )
 from warren_control.identity import Identity
 from warren_control.models import Sandbox, SandboxPhase, utcnow
+from warren_control.observation import scrub
+from warren_control.podspec import pod_name
 from warren_control.templates import Template
 
 # The envd protocol version Warren's agent speaks: the SDK turns features on by it.
@@ -306,17 +308,29 @@ def make_router(  # noqa: PLR0915 (the routes are the surface)
 
     def running(who: Identity, sandbox_id: str) -> dict[str, Any]:
         """The sandbox once it runs (so its agent answers: a pod counts as running only after
-        the hook that starts the agent), waiting at most the deployment's start wait. A
-        sandbox that cannot start says why at once; one still starting after the wait is a
-        504 naming what it waits for, and keeps starting."""
+        the hook that starts the agent), waiting at most the deployment's start wait. What
+        counts is the Sandbox resource's own status, written by the controller for the
+        resource's current generation: not a record that may not have caught up with a
+        resume yet. A sandbox that cannot start says why at once; one still starting after
+        the wait is a 504 naming what it waits for, and keeps starting."""
         deadline = time.monotonic() + api.settings.start_wait_s
         while True:
             answer = record(who, sandbox_id)
-            if answer["phase"] == SandboxPhase.RUNNING.value or api.settings.start_wait_s <= 0:
+            if api.settings.start_wait_s <= 0:
                 return answer
-            ready: dict[str, Any] = next((c for c in answer["conditions"] if c.get("type") == "Ready"), {})
-            why = f"{ready.get('reason') or answer['phase']}: {ready.get('message') or 'starting'}"
-            if answer["phase"] == SandboxPhase.FAILED.value or ready.get("reason") in CANNOT_START:
+            obj = api.cluster.read(api.object_name(who, answer["id"])) or {}
+            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+            current = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+            if status.get("phase") == SandboxPhase.RUNNING.value and current:
+                return record(who, sandbox_id)
+            ready: dict[str, Any] = next(
+                (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
+            )
+            reason = ready.get("reason") or status.get("phase") or "Pending"
+            uid = str(meta.get("uid") or "-")
+            names = (str(meta.get("name") or "-"), api.settings.namespace, pod_name(uid), uid)
+            why = scrub(f"{reason}: {ready.get('message') or 'starting'}", *names)
+            if status.get("phase") == SandboxPhase.FAILED.value or ready.get("reason") in CANNOT_START:
                 raise ApiError(500, "cannot_start", f"sandbox {e2b_id(answer['id'])} cannot start: {why}")
             if time.monotonic() >= deadline:
                 raise ApiError(

@@ -198,7 +198,8 @@ class _Edge:
 
     def open_sandbox_client(self) -> httpx.AsyncClient:
         if self.sandbox_client is None:
-            self.sandbox_client = _client(self.sandbox_transport, connect_s=5.0, keepalive=200)
+            # Pods answer a connection at once: a short wait finds a moved pod sooner.
+            self.sandbox_client = _client(self.sandbox_transport, connect_s=2.0, keepalive=200)
         return self.sandbox_client
 
     async def close(self) -> None:
@@ -338,33 +339,37 @@ class _Edge:
             return located
         raw_path: bytes = request.scope.get("raw_path") or quote(request.url.path).encode("ascii")
         query: bytes = request.scope.get("query_string", b"")
-        url = httpx.URL(f"http://{located}:{port}").copy_with(
-            raw_path=raw_path + (b"?" + query if query else b"")
-        )
         headers = [
             (name.lower(), value)
             for name, value in request.headers.raw
             if name.lower() not in _SANDBOX_DROP and not name.lower().startswith(_REQUEST_DROP_PREFIXES)
         ]
         has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
+        body = request.stream() if has_body else None
         client = self.open_sandbox_client()
-        outgoing = client.build_request(
-            request.method, url, headers=headers, content=request.stream() if has_body else None
-        )
-        try:
-            upstream = await client.send(outgoing, stream=True)
-        except httpx.ConnectError:
-            # Gone since the address was kept, or running without that port open: ask again.
-            self.addresses.pop(sandbox_id, None)
-            again = await self.locate(sandbox_id)
-            if isinstance(again, Response):
-                return again
-            return _sandbox_error(502, f"The sandbox {short} is running but port {port} is not open")
-        except httpx.HTTPError as exc:
-            self.addresses.pop(sandbox_id, None)
-            log.warning("sandbox %s unreachable: %s", sandbox_id, exc)
-            return _sandbox_error(502, f"the sandbox {short} could not be reached; retry later")
-        return _Relay(upstream)
+        for attempt in range(2):
+            url = httpx.URL(f"http://{located}:{port}").copy_with(
+                raw_path=raw_path + (b"?" + query if query else b"")
+            )
+            outgoing = client.build_request(request.method, url, headers=headers, content=body)
+            try:
+                return _Relay(await client.send(outgoing, stream=True))
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                # No connection, so nothing of the body was sent. The pod may have moved since
+                # its address was kept (a resume makes a new one): ask again, and try once
+                # more if it did. Otherwise the sandbox runs without that port open.
+                self.addresses.pop(sandbox_id, None)
+                again = await self.locate(sandbox_id)
+                if isinstance(again, Response):
+                    return again
+                if again == located or attempt:
+                    break
+                located = again
+            except httpx.HTTPError as exc:
+                self.addresses.pop(sandbox_id, None)
+                log.warning("sandbox %s unreachable: %s", sandbox_id, exc)
+                return _sandbox_error(502, f"the sandbox {short} could not be reached; retry later")
+        return _sandbox_error(502, f"The sandbox {short} is running but port {port} is not open")
 
     async def handle(self, request: Request) -> Response:
         target = self.sandbox_target(request)
