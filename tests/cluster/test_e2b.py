@@ -57,7 +57,7 @@ def test_an_e2b_program_runs_unchanged(edge: str, keys: tuple[str, str]) -> None
     report = json.loads(done.stdout.strip().splitlines()[-1])
     failed = {k: v for k, v in report.items() if isinstance(v, str) and v.startswith("FAILED")}
     assert not failed, failed
-    assert report["outputs"] == [0, "hi\n", "to-stderr\n", "user\n/home/user\n"]
+    assert report["outputs"] == [0, "hi\nuser\n/home/user\n", "to-stderr\n"]
     assert report["exit_code"] == 3
     assert report["envs_and_cwd"] == "1\n/tmp\n"
     assert report["streaming"] == "1\n2\n3\n"

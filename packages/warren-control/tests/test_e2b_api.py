@@ -120,7 +120,17 @@ def test_create_get_and_kill_with_the_sdk(e2b_stack: Stack, standin: StandIn) ->
     assert resource["spec"]["image"] == IMAGE
     assert resource["spec"]["env"] == {"GREETING": "hi"}
 
-    assert sandbox.kill() is True
+    # Killed is gone at once, even while its pod is still stopping (the finalizer holds it).
+    standin.hold_deletes = True
+    try:
+        assert sandbox.kill() is True
+        assert standin.get(kept.object_name) is not None
+        assert Sandbox.kill(sandbox.sandbox_id, **org.opts) is False
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.get_info(sandbox.sandbox_id, **org.opts)
+    finally:
+        standin.hold_deletes = False
+        standin.finish_deletes()
     assert standin.get(kept.object_name) is None
     assert Sandbox.kill(sandbox.sandbox_id, **org.opts) is False
     with pytest.raises(SandboxNotFoundException):

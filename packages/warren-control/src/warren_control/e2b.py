@@ -302,7 +302,9 @@ def make_router(  # noqa: PLR0915 (the routes are the surface)
             found = api.find(session, who, warren_id(sandbox_id))
             api.observe(session, found)
             answer = api.public(found)
-        if answer["phase"] == SandboxPhase.DELETED.value:
+        being_killed = answer["phase"] == SandboxPhase.TERMINATING.value and not answer["spec"].get("stopped")
+        # Killed is gone, to E2B: its pod may still be stopping, the sandbox is no more.
+        if answer["phase"] == SandboxPhase.DELETED.value or being_killed:
             raise not_found(sandbox_id)
         return answer
 
