@@ -220,12 +220,19 @@ def test_the_cluster_holds_what_warren_renders_for_the_sample_pinned_by_the_bund
     for rendered, found in zip(objects, live, strict=True):
         label = f"{rendered['kind']} {rendered['metadata']['name']}"
         assert _differences(rendered, found, label) == []
-    images = {
-        container["image"]
+    containers = [
+        container
         for found in live
         if found["kind"] in ("Deployment", "DaemonSet", "Job")
         for container in found["spec"]["template"]["spec"]["containers"]
-    }
+    ]
+    images = {c["image"] for c in containers}
+    # And what the control plane delivers into sandboxes: the agent and the base template.
+    for arg in (a for c in containers for a in c.get("args", [])):
+        if arg.startswith("--agent-image="):
+            images.add(arg.split("=", 1)[1])
+        elif arg.startswith("--template="):
+            images.add(arg.split("=", 2)[2])
     assert images == {
         f"warren.dev/{service}:{tag}@{digest}" for service, digest in config.services.image_digests.items()
     }

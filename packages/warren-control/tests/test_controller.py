@@ -376,6 +376,17 @@ def pod_with(status: Obj) -> Obj:
             "Pending",
             "ErrImageNeverPull",
         ),
+        (  # the agent's init container completed: the sandbox's own container says why
+            {
+                "phase": "Pending",
+                "initContainerStatuses": [{"state": {"terminated": {"reason": "Completed", "exitCode": 0}}}],
+                "containerStatuses": [
+                    {"state": {"waiting": {"reason": "ErrImageNeverPull", "message": "m"}}}
+                ],
+            },
+            "Pending",
+            "ErrImageNeverPull",
+        ),
         (
             {
                 "phase": "Running",

@@ -114,6 +114,8 @@ def _waiting(pod: Mapping[str, Any]) -> tuple[str, str] | None:
         state = container.get("state") or {}
         for key in ("waiting", "terminated"):
             detail = state.get(key)
+            if key == "terminated" and detail and detail.get("exitCode") == 0:
+                continue  # an init container that did its work (the agent's install) is no reason
             if detail and detail.get("reason"):
                 return str(detail["reason"]), str(detail.get("message") or detail["reason"])
     return None
