@@ -142,9 +142,7 @@ def lifecycle_steps(sandbox: Sandbox) -> None:
         return [paused, state == SandboxState.PAUSED, again.files.read("/workspace/kept.txt")]
 
     step("fork", fork)
-    # Not yet: on the deployed platform a connect right after a pause answered 404 once (an open
-    # bug, see the issue); pause and connect are covered against the API in tests/test_e2b_api.py.
-    del pause_and_connect
+    step("pause_and_connect", pause_and_connect)
     step("kill", lambda: [sandbox.kill(), Sandbox.kill(sandbox.sandbox_id)])
 
 

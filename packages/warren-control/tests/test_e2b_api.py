@@ -497,6 +497,10 @@ def test_create_waits_until_the_sandbox_runs(stack_url: str, standin: StandIn) -
         # the spec before the pause does not count.
         name = record(waiting, sandbox.sandbox_id).object_name
         sandbox.pause()
+        # The paused sandbox's pod is still going (the resource reads Terminating) when the
+        # connect comes: that is a sandbox coming back, not one being killed.
+        standin.set_status(name, {"phase": "Terminating", "observedGeneration": 0})
+        assert Sandbox.get_info(sandbox.sandbox_id, **org.opts).state == SandboxState.PAUSED
 
         def controller_sees_the_resume() -> None:
             time.sleep(1.0)

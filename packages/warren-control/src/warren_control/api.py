@@ -794,8 +794,8 @@ class ApiService:
         """Delete a sandbox (Terminating until its resource is gone); the record as /v1 shows it."""
         with self.sessions.begin() as session:
             record = self.find(session, who, sandbox_id)
-            if record.phase is not SandboxPhase.TERMINATING:
-                store.set_phase(session, record, SandboxPhase.TERMINATING)
+            if not record.being_deleted:
+                store.begin_delete(session, record)
             object_name = record.object_name
         # Terminating until the resource is gone: its pod may still hold what the quota counts.
         self.cluster.delete(object_name)
@@ -827,7 +827,7 @@ class ApiService:
         def action(session: Session) -> tuple[int, Any]:
             org, user = self.org_and_user(session, who)
             parent = self.find(session, who, sandbox_id)
-            if parent.phase is SandboxPhase.TERMINATING and not parent.spec.get("stopped"):
+            if parent.being_deleted:
                 raise ApiError(409, "conflict", "the sandbox is being deleted")
             if not parent.workspace_id:
                 raise ApiError(409, "conflict", "the sandbox has no workspace to fork")

@@ -263,11 +263,9 @@ class ListQuery:
     started_after: datetime | None = None
 
     def matches(self, item: Sandbox) -> bool:
-        if item.phase in {SandboxPhase.DELETED, SandboxPhase.FAILED}:
+        if item.being_deleted or item.phase is SandboxPhase.FAILED:
             return False
         stopped = bool(item.spec.get("stopped"))
-        if item.phase is SandboxPhase.TERMINATING and not stopped:
-            return False  # being killed
         if ("paused" if stopped else "running") not in self.states:
             return False
         kept = item.spec.get("metadata") or {}
@@ -301,10 +299,10 @@ def make_router(  # noqa: PLR0915 (the routes are the surface)
         with api.sessions.begin() as session:
             found = api.find(session, who, warren_id(sandbox_id))
             api.observe(session, found)
+            gone = found.being_deleted
             answer = api.public(found)
-        being_killed = answer["phase"] == SandboxPhase.TERMINATING.value and not answer["spec"].get("stopped")
         # Killed is gone, to E2B: its pod may still be stopping, the sandbox is no more.
-        if answer["phase"] == SandboxPhase.DELETED.value or being_killed:
+        if gone:
             raise not_found(sandbox_id)
         return answer
 

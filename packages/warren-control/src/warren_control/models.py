@@ -188,6 +188,11 @@ class Sandbox(Base):
     # delete had passed); until then a new sandbox may still start from it (template).
     workspace_released_at: Mapped[datetime | None] = mapped_column()
 
+    @property
+    def being_deleted(self) -> bool:
+        """Deleted, or on its way: a stopping pod's Terminating is not a deletion."""
+        return self.phase is SandboxPhase.DELETED or bool(self.spec.get("deleting"))
+
     def touch(self, now: datetime | None = None) -> None:
         """Activity: restart the idle timer (the hard lifetime stays)."""
         self.last_activity_at = now or utcnow()

@@ -123,7 +123,10 @@ def converge(
     else:
         phase = record.phase
     changed = False
-    if phase is not record.phase or (conditions and not _same_conditions(conditions, record.conditions)):
+    if meta.get("deletionTimestamp") and not record.being_deleted:
+        store.begin_delete(session, record, conditions=conditions or None)  # deleted behind our back
+        changed = True
+    elif phase is not record.phase or (conditions and not _same_conditions(conditions, record.conditions)):
         store.set_phase(session, record, phase, conditions=conditions or None)
         changed = True
     if location is not None and location != record.location:

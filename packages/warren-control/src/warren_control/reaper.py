@@ -131,7 +131,7 @@ class Reaper:
             }
             others = [c for c in record.conditions or [] if c.get("type") != "Reaped"]
             if due.action == "delete":
-                store.set_phase(session, record, SandboxPhase.TERMINATING, conditions=[*others, condition])
+                store.begin_delete(session, record, conditions=[*others, condition])
             else:
                 record.spec = {**record.spec, "stopped": True}
                 record.idle_deadline_at = None  # paused until a start

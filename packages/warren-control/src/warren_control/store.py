@@ -434,6 +434,16 @@ def set_phase(
     session.flush()
 
 
+def begin_delete(
+    session: Session, sandbox: Sandbox, *, conditions: list[dict[str, Any]] | None = None
+) -> None:
+    """Terminating for good. Marked in the spec too: a stopped sandbox's pod also reads
+    Terminating while it goes, and that one comes back."""
+    if not sandbox.spec.get("deleting"):
+        sandbox.spec = {**sandbox.spec, "deleting": True}
+    set_phase(session, sandbox, SandboxPhase.TERMINATING, conditions=conditions)
+
+
 def mark_deleted(
     session: Session, org_id: str, sandbox_id: str, *, now: datetime | None = None
 ) -> Sandbox | None:
