@@ -95,3 +95,36 @@ def test_release_and_gc_work_on_the_store_itself(tmp_path: Path, capsys: pytest.
     assert json.loads(capsys.readouterr().out)["deleted"] == 1
     assert policy.list("chunks/") == []
     assert main(["gc", "--store", store, "--grace", "-1"]) == 2
+
+
+def test_copy_makes_a_workspace_from_the_stored_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from warren_blockd.blobs.local import LocalDriver
+    from warren_blockd.blobs.policy import PolicyStore
+    from warren_blockd.workspace import LogLane, Workspace
+
+    store = f"file://{tmp_path}"
+    policy = PolicyStore(LocalDriver(tmp_path))
+    source = Workspace(policy, "ws-1")
+    source.create(16)
+    LogLane(source, 1).publish([(0, b"\1" * 4096)])
+
+    assert main(["copy", "ws-1", "snap-1", "--store", store]) == 0
+    assert json.loads(capsys.readouterr().out) == {"workspace": "ws-1", "copy": "snap-1"}
+    copied = Workspace(policy, "snap-1")
+    assert copied.effective().extents == Workspace(policy, "ws-1").effective().extents
+    before = copied.effective().extents
+    # Writes to the source after the copy are not the copy's.
+    LogLane(source, 2).publish([(0, b"\2" * 4096)])
+    assert copied.effective().extents != Workspace(policy, "ws-1").effective().extents
+    # The id is taken now; a source that is not there; ids that are not ids.
+    assert main(["copy", "ws-1", "snap-1", "--store", store]) == 1
+    assert "snap-1" in capsys.readouterr().err
+    assert main(["copy", "nobody", "snap-2", "--store", store]) == 3
+    assert json.loads(capsys.readouterr().out)["error"] == "not_found"
+    assert main(["copy", "ws-1", "../etc", "--store", store]) == 2
+    # The source released (its sandbox deleted), the copy still reads what it had.
+    assert main(["release", "ws-1", "--store", store]) == 0
+    assert json.loads(capsys.readouterr().out)["kept_for_forks"]
+    assert copied.effective().extents == before

@@ -313,6 +313,29 @@ def release(args: argparse.Namespace) -> int:
     return 0
 
 
+def copy(args: argparse.Namespace) -> int:
+    """A point-in-time copy of a workspace under a new id, at the store: a fork whose source
+    nothing writes (its sandbox is stopped), so its newest stored state is all there is."""
+    from warren_blockd.errors import BlobError, NotFoundError
+    from warren_blockd.workspace import Workspace, WorkspaceReleasedError
+
+    if _bad_id(args.workspace) or _bad_id(args.copy):
+        return 2
+    try:
+        failed = Workspace(open_store(args.store, args.s3_endpoint), args.workspace).fork([args.copy])
+    except (NotFoundError, WorkspaceReleasedError):
+        print(json.dumps({"workspace": args.workspace, "error": "not_found"}))
+        return NOT_IN_STORE
+    except BlobError as exc:
+        print(f"warren-blockd: copying in the store {args.store}: {exc}", file=sys.stderr)
+        return 1
+    if failed[args.copy] is not None:
+        print(f"warren-blockd: copying {args.workspace} to {args.copy}: {failed[args.copy]}", file=sys.stderr)
+        return 1
+    print(json.dumps({"workspace": args.workspace, "copy": args.copy}))
+    return 0
+
+
 def collect(args: argparse.Namespace) -> int:
     """Delete the chunks no workspace references any more (`gc`)."""
     from warren_blockd.errors import BlobError
@@ -361,6 +384,10 @@ def _store_commands(sub: Any) -> None:
     r = _store_command(sub, "release", "remove a deleted sandbox's workspace from the store (JSON)")
     r.add_argument("workspace")
     r.set_defaults(func=release)
+    c = _store_command(sub, "copy", "a workspace's newest stored state under a new id, no data copied (JSON)")
+    c.add_argument("workspace", help="the source: nothing may be writing it (its sandbox stopped)")
+    c.add_argument("copy", help="the new workspace's id")
+    c.set_defaults(func=copy)
     g = _store_command(sub, "gc", "delete chunks no workspace references any more (JSON report)")
     g.add_argument(
         "--grace",
