@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"warren.dev/agent/internal/identity"
+	"warren.dev/agent/internal/metrics"
 	"warren.dev/agent/internal/server"
 )
 
@@ -87,11 +88,17 @@ func run() error {
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	// Sampling lives as long as serving: both end with ctx.
+	sampler := metrics.New(metrics.Config{Log: log})
+	go sampler.Run(ctx)
+
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true) // the SDK speaks HTTP/2 without TLS by default
 	srv := &http.Server{
-		Handler:           server.New(server.Config{AccessToken: *token, AccessTokenSHA256: *tokenSHA256, Self: self}),
+		Handler:           server.New(server.Config{AccessToken: *token, AccessTokenSHA256: *tokenSHA256, Self: self, Metrics: sampler}),
 		Protocols:         protocols,
 		ReadHeaderTimeout: 30 * time.Second,
 	}
@@ -101,8 +108,6 @@ func run() error {
 	}
 	log.Info("serving", "address", ln.Addr().String(), "user", self.Name, "token_required", *token != "" || *tokenSHA256 != "")
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)

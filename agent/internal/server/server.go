@@ -1,6 +1,6 @@
 // Package server puts the agent's services on one handler: the Connect services
-// process.Process and filesystem.Filesystem, GET /health and /files, every route
-// but /health behind the access token when the agent has one.
+// process.Process and filesystem.Filesystem, GET /health, /files and /metrics,
+// every route but /health behind the access token when the agent has one.
 package server
 
 import (
@@ -12,6 +12,7 @@ import (
 
 	"warren.dev/agent/internal/fsys"
 	"warren.dev/agent/internal/identity"
+	"warren.dev/agent/internal/metrics"
 	"warren.dev/agent/internal/proc"
 	"warren.dev/agent/internal/rpc"
 )
@@ -28,6 +29,8 @@ type Config struct {
 	// spec, a process list).
 	AccessTokenSHA256 string
 	Self              *identity.User
+	// Metrics serves GET /metrics from its samples; without one, /metrics is 404.
+	Metrics *metrics.Sampler
 }
 
 // New returns the agent's handler.
@@ -36,12 +39,13 @@ func New(cfg Config) http.Handler {
 	(&proc.Service{Procs: proc.NewManager(), Self: cfg.Self}).Register(mux)
 	(&fsys.Service{Self: cfg.Self}).Register(mux)
 	mux.Handle("/files", &fsys.Files{Self: cfg.Self})
+	mux.Handle("/metrics", serveMetrics(cfg.Metrics))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if isRPC(r.URL.Path) {
 			rpc.WriteError(w, rpc.Errorf(rpc.Unimplemented, "%s is not a method this agent serves", r.URL.Path))
 			return
 		}
-		fsys.WriteHTTPError(w, http.StatusNotFound, "%s %s: no such route (the agent serves /health, /files and its Connect services)", r.Method, r.URL.Path)
+		fsys.WriteHTTPError(w, http.StatusNotFound, "%s %s: no such route (the agent serves /health, /files, /metrics and its Connect services)", r.Method, r.URL.Path)
 	})
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
