@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
+from e2b.sandbox.signature import get_signature
 from localservers import (
     AUDIENCE,
     Issuer,
@@ -20,7 +23,7 @@ from localservers import (
     serve_asgi,
     unsigned_token,
 )
-from warren_control.edge import make_edge
+from warren_control.edge import SignatureError, file_signature, make_edge, signed_file_query
 from warren_control.identity import Identity, sign
 from warren_control.keys import KeyFormat, NewKey, StoredKey, new_key, parse
 from warren_control.oidc import OidcVerifier
@@ -368,3 +371,52 @@ def test_resolver_failure_is_a_503_not_a_pass(stack: Stack) -> None:
 def test_short_stamp_key_is_refused_at_start() -> None:
     with pytest.raises(ValueError, match="32 bytes"):
         make_edge("http://127.0.0.1:9", b"short", MemoryResolver(), None)
+
+
+# --- signed file URLs (the sandbox side is in test_e2b_edge.py) ---------------------------------
+
+
+@pytest.mark.parametrize(("user", "expiring"), [(None, None), ("root", None), (None, 60), ("user", 3600)])
+def test_file_signatures_are_the_sdk_s(user: str | None, expiring: int | None) -> None:
+    made = get_signature("/home/user/a b.txt", "read", user, "t0ken", expiring)
+    assert made["signature"] == file_signature(
+        "/home/user/a b.txt", "read", user or "", "t0ken", made["expiration"]
+    )
+
+
+def signed(
+    path: str, operation: str = "read", user: str = "", expiration: int | None = None, **more: str
+) -> bytes:
+    params = {"path": path, **({"username": user} if user else {})}
+    params["signature"] = file_signature(path, operation, user, "t0ken", expiration)
+    if expiration is not None:
+        params["signature_expiration"] = str(expiration)
+    return urlencode({**params, **more}).encode("ascii")
+
+
+def test_a_signed_query_reaches_the_agent_as_checked() -> None:
+    now = time.time()
+    query = signed("/tmp/a&b=c.txt", user="root", expiration=int(now) + 60)
+    assert signed_file_query("GET", query, "t0ken", now) == b"path=/tmp/a%26b%3Dc.txt&username=root"
+    assert signed_file_query("POST", signed("/x", "write"), "t0ken", now) == b"path=/x"
+
+
+@pytest.mark.parametrize(
+    ("method", "query", "words"),
+    [
+        ("GET", signed("/x", "write"), "invalid signature for read of '/x'"),
+        ("PUT", signed("/x"), "GET (download) or POST (upload)"),
+        ("GET", signed("/x") + b"&path=/y", "'path' appears twice"),
+        ("GET", signed("/x", extra="1"), "'extra' is not part of a signed file URL"),
+        ("GET", signed("/x", expiration=1), "expired at 1970-01-01T00:00:01+00:00"),
+        ("GET", signed("/x") + b"&signature_expiration=soon", "must be a Unix time"),
+        ("GET", b"path=/x&signature=%ff", "not valid percent-encoded UTF-8"),
+        ("GET", b"path=/x", "invalid signature"),
+    ],
+)
+def test_bent_signed_queries_are_refused(method: str, query: bytes, words: str) -> None:
+    with pytest.raises(SignatureError, match=re.escape(words)):
+        signed_file_query(method, query, "t0ken", time.time())
+    # Nor does another sandbox's token make a good one of a good query.
+    with pytest.raises(SignatureError, match="invalid signature"):
+        signed_file_query("GET", signed("/x"), "another", time.time())

@@ -728,21 +728,23 @@ class ApiService:
             store.keep_alive(session, who.org, sandbox_id)
         return _Target(pod=name, names=(name, object_name, uid, self.settings.namespace))
 
-    def agent_address(self, sandbox_id: str) -> str:
-        """Where a sandbox's agent listens (its pod's address), for the edge to route sandbox
-        traffic to; any organization's sandbox, as the edge has checked the sandbox's own
-        token. Traffic is activity: the idle timer restarts."""
+    def agent_address(self, sandbox_id: str, org: str | None = None) -> tuple[str, str]:
+        """Where a sandbox's pod is and which organization owns it, for the edge to route
+        sandbox traffic; any organization's sandbox (the edge has checked the sandbox's own
+        token), or only `org`'s when the edge was shown that organization's key: another's
+        is not found before anything else is said of it. Traffic is activity: the idle timer
+        restarts."""
         with self.sessions.begin() as session:
             record = session.get(Sandbox, sandbox_id) if _SANDBOX_ID.fullmatch(sandbox_id) else None
-            if record is None or record.deleted_at is not None:
+            if record is None or record.deleted_at is not None or org not in (None, record.org_id):
                 raise not_found(sandbox_id)
-            object_name = record.object_name
+            object_name, owner = record.object_name, record.org_id
             record.touch()
         _, _, pod = self.running_pod(object_name)
         address = (pod.get("status") or {}).get("podIP")
         if not address:
             raise ApiError(409, "not_running", "the sandbox has no address yet")
-        return str(address)
+        return str(address), owner
 
     # ---- the operations both surfaces offer
 
@@ -1256,10 +1258,13 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
     app.include_router(router)
 
     @app.get("/internal/agents/{sandbox_id}", include_in_schema=False)
-    def agent_address(sandbox_id: str, who: Who) -> Response:
+    def agent_address(
+        sandbox_id: str, who: Who, org: Annotated[str | None, Query(max_length=64)] = None
+    ) -> Response:
         if who != EDGE:
             raise ApiError(403, "forbidden", "only the edge asks where a sandbox's agent is")
-        return JSONResponse({"address": api.agent_address(sandbox_id)})
+        address, owner = api.agent_address(sandbox_id, org)
+        return JSONResponse({"address": address, "org": owner})
 
     # The E2B SDK's routes, at the root where it looks for them (E2B_API_URL is the edge).
     from warren_control import e2b  # e2b builds on this module: imported once both exist

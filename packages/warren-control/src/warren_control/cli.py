@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from warren_control import install
 from warren_control.admin_cli import add_admin_parser
@@ -147,16 +147,64 @@ def _edge_app(args: argparse.Namespace, api_url: str) -> Any:
     )
 
 
-def _serve_forever(app: Any, host: str, port: int) -> None:
+class _Tls(NamedTuple):
+    cert: str | None = None
+    key: str | None = None
+
+
+_PLAIN_HTTP = _Tls()
+
+
+def _tls(args: argparse.Namespace) -> _Tls:
+    """The edge's certificate and key (neither: plain HTTP), checked before anything starts:
+    both or neither, readable, and a key that fits the certificate."""
+    import ssl
+
+    cert, key = args.tls_cert, args.tls_key
+    if cert is None and key is None:
+        return _Tls()
+    if cert is None or key is None:
+        given, missing = ("--tls-cert", "--tls-key") if cert is not None else ("--tls-key", "--tls-cert")
+        raise SystemExit(f"{given} needs {missing}: give the edge's certificate and its key, or neither")
+    if args.role not in {"edge", "all"}:
+        raise SystemExit("--tls-cert and --tls-key are the edge's: use them with --role edge or --role all")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(
+            f"cannot use --tls-cert {cert} with --tls-key {key}: {exc}; give a PEM certificate "
+            "(chain) and the PEM private key it was issued for"
+        ) from None
+    return _Tls(cert, key)
+
+
+def _serve_forever(app: Any, host: str, port: int, tls: _Tls = _PLAIN_HTTP) -> None:
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        proxy_headers=False,
+        ssl_certfile=tls.cert,
+        ssl_keyfile=tls.key,
+    )
 
 
-def _serve_in_thread(app: Any, host: str, port: int) -> Any:
+def _serve_in_thread(app: Any, host: str, port: int, tls: _Tls = _PLAIN_HTTP) -> Any:
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False))
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        proxy_headers=False,
+        ssl_certfile=tls.cert,
+        ssl_keyfile=tls.key,
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     return server
@@ -181,13 +229,14 @@ def _run_controller(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     role = args.role
     stop = threading.Event()
+    tls = _tls(args)
     if role == "api":
         # Without a mirror deployed, reads converge each record from the cluster themselves.
         settings = _api_settings(args, read_through=not args.no_read_through)
         _serve_forever(_api_app(settings), args.host, args.port or DEFAULT_API_PORT)
     elif role == "edge":
         api_url = args.api_url or f"http://127.0.0.1:{DEFAULT_API_PORT}"
-        _serve_forever(_edge_app(args, api_url), args.host, args.port or DEFAULT_EDGE_PORT)
+        _serve_forever(_edge_app(args, api_url), args.host, args.port or DEFAULT_EDGE_PORT, tls)
     elif role == "controller":
         lead_if_asked(args)
         _run_controller(args)
@@ -202,7 +251,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         servers = [_serve_in_thread(_api_app(settings), "127.0.0.1", api_port)]
         servers.append(
             _serve_in_thread(
-                _edge_app(args, f"http://127.0.0.1:{api_port}"), args.host, args.port or DEFAULT_EDGE_PORT
+                _edge_app(args, f"http://127.0.0.1:{api_port}"),
+                args.host,
+                args.port or DEFAULT_EDGE_PORT,
+                tls,
             )
         )
         try:
@@ -494,6 +546,13 @@ def _serve_parser(commands: Any) -> None:
         help="api, edge: the domain sandboxes' hosts are under ({port}-{id}.DOMAIN): what E2B "
         "clients are told, and the host names the edge routes to sandboxes",
     )
+    serve.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="edge: serve HTTPS with this PEM certificate (chain); for sandbox hosts, a wildcard "
+        "one for *.DOMAIN of --sandbox-domain. Needs --tls-key",
+    )
+    serve.add_argument("--tls-key", metavar="FILE", help="edge: the PEM private key of --tls-cert")
     serve.add_argument(
         "--no-read-through",
         action="store_true",

@@ -11,22 +11,34 @@ Sandbox traffic is routed here too, as E2B's SDK sends it: a request naming a sa
 ``E2b-Sandbox-Id`` and ``E2b-Sandbox-Port`` headers, or the host ``{port}-{id}.{domain}``
 under the configured sandbox domain) goes to that port of the sandbox's pod, streamed both
 ways, if it carries the sandbox's own token (``X-Access-Token``, which only the sandbox's
-creator was given). The API says where the sandbox runs; the edge keeps that for a few
-seconds. A sandbox that is gone or not running is a 502 saying it "was not found", a port
-nothing listens on a 502 saying the "port is not open": the SDK tells the two apart by those
-words.
+creator was given). Two more ways in, each narrow:
+
+- a signed file URL (the SDK's ``download_url`` and ``upload_url``): GET or POST ``/files`` on
+  the agent's port with a ``signature`` made from the sandbox's token, which the edge checks
+  and replaces with the token itself, so a browser needs no header;
+- on any other port (a server the sandbox runs), an API key of the organization that owns
+  the sandbox; another organization's key finds no sandbox, exactly as a gone one.
+
+The sandbox never sees an API key or the credential the edge checked. The API says where the
+sandbox runs; the edge keeps that for a few seconds. A sandbox that is gone or not running
+is a 502 saying it "was not found", a port nothing listens on a 502 saying the "port is not
+open": the SDK tells the two apart by those words.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from http import HTTPStatus
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, urlencode
 
 import anyio
 import httpx
@@ -81,6 +93,9 @@ _SANDBOX_ID = "e2b-sandbox-id"
 _SANDBOX_PORT = "e2b-sandbox-port"
 _ACCESS_TOKEN = "x-access-token"  # noqa: S105 (a header's name)
 _SANDBOX_DROP = _HOP_BY_HOP | {b"host", b"forwarded", b"x-real-ip", b"x-api-key", b"cookie"}
+# What a signed file URL may carry (the SDK's _file_url), and the operation each method signs.
+_SIGNED_PARAMS = frozenset({"path", "username", "signature", "signature_expiration"})
+_SIGNED_OPERATIONS = {"GET": "read", "POST": "write"}
 _E2B_ID = re.compile(r"[a-z2-7]{26}")
 _WARREN_ID = re.compile(r"sbx_[a-z2-7]{26}")
 # How long the edge keeps where a sandbox runs: a moved pod costs at most this, one
@@ -125,6 +140,73 @@ def _client(
 
 def _sandbox_error(status: int, message: str) -> Response:
     return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+def file_signature(path: str, operation: str, user: str, token: str, expiration: int | None) -> str:
+    """E2B's v1 signature of a file URL: SHA-256 over the path, the operation ("read" or
+    "write"), the user ("" for the sandbox's default), the sandbox's token and the expiry
+    (Unix seconds) when there is one; unpadded base64 after "v1_"."""
+    fields = [path, operation, user, token] + ([str(expiration)] if expiration is not None else [])
+    digest = hashlib.sha256(":".join(fields).encode("utf-8")).digest()
+    return "v1_" + base64.b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+class SignatureError(Exception):
+    """A signed file URL that does not hold; the message says what is wrong."""
+
+
+def signed_file_query(method: str, query: bytes, token: str, now: float) -> bytes:
+    """Check a signed file URL's query against the sandbox's token; return the query the
+    agent is to get: the path and user exactly as signed, nothing else (so the agent cannot
+    read a parameter differently from the edge, e.g. a repeated one)."""
+    operation = _SIGNED_OPERATIONS.get(method)
+    if operation is None:
+        raise SignatureError(f"a signed URL is for GET (download) or POST (upload) /files, not {method}")
+    try:
+        pairs = parse_qsl(query.decode("ascii"), keep_blank_values=True, errors="strict")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SignatureError("the signed URL's query is not valid percent-encoded UTF-8") from exc
+    params: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in _SIGNED_PARAMS:
+            raise SignatureError(f"{name!r} is not part of a signed file URL: use the URL as the SDK made it")
+        if name in params:
+            raise SignatureError(f"{name!r} appears twice in the signed URL: give it once")
+        params[name] = value
+    expiry_text = params.get("signature_expiration")
+    if expiry_text is not None and not expiry_text.isdigit():
+        raise SignatureError("signature_expiration must be a Unix time in seconds")
+    expiration = int(expiry_text) if expiry_text is not None else None
+    path, user = params.get("path", ""), params.get("username", "")
+    expected = file_signature(path, operation, user, token, expiration)
+    if not hmac.compare_digest(params.get("signature", "").encode("utf-8"), expected.encode("ascii")):
+        raise SignatureError(
+            f"invalid signature for {operation} of {path[:256]!r}: the URL was changed, or was not "
+            "signed with this sandbox's token; ask the SDK for a new one"
+        )
+    if expiration is not None and expiration < now:
+        when = datetime.fromtimestamp(expiration, UTC).isoformat()
+        raise SignatureError(f"the signed URL expired at {when}: ask the SDK for a new one")
+    kept = [(name, params[name]) for name in ("path", "username") if name in params]
+    return urlencode(kept, quote_via=quote, safe="/").encode("ascii")
+
+
+def _carries_api_key(authorization: str) -> bool:
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and keys.looks_like_key(token.strip())
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    """How a sandbox request got in, and so what is forwarded."""
+
+    # The organization whose credential admitted it (the sandbox must be its own).
+    org: str | None = None
+    # A signed file URL's query, as checked; the token to send in the signature's place.
+    query: bytes | None = None
+    token: str | None = None
+    # Authorization was the credential (or made no sense beside a signature): never forwarded.
+    drop_authorization: bool = False
 
 
 class _Relay(StreamingResponse):
@@ -189,7 +271,8 @@ class _Edge:
             if sandbox_domain
             else None
         )
-        self.addresses: dict[str, tuple[str, float]] = {}
+        # sandbox id -> (the pod's address, the owning organization, until when it is kept)
+        self.addresses: dict[str, tuple[str, str, float]] = {}
 
     def open_client(self) -> httpx.AsyncClient:
         if self.client is None:
@@ -292,14 +375,19 @@ class _Edge:
         port = int(port_text) if port_text.isdigit() and 0 < int(port_text) < 65536 else 0  # noqa: PLR2004
         return sandbox_id, port
 
-    async def locate(self, sandbox_id: str) -> str | Response:
+    async def locate(self, sandbox_id: str, org: str | None = None) -> str | Response:
         """Where the sandbox's pod is, from the API (kept for a few seconds), or the 502
-        that tells the client it is not there."""
+        that tells the client it is not there. With `org`, only that organization's sandbox
+        is found: the API answers for another's as for one that never existed."""
         known = self.addresses.get(sandbox_id)
-        if known is not None and known[1] > time.monotonic():
+        if known is not None and known[2] > time.monotonic() and org in (None, known[1]):
             return known[0]
         stamp = stamps.sign(stamps.EDGE, self.stamp_key, self.stamp_ttl_s)
-        url = self.backend.copy_with(raw_path=self.prefix + f"/internal/agents/{sandbox_id}".encode("ascii"))
+        url = self.backend.copy_with(
+            raw_path=self.prefix
+            + f"/internal/agents/{sandbox_id}".encode("ascii")
+            + (b"?" + urlencode({"org": org}).encode("ascii") if org is not None else b"")
+        )
         try:
             answer = await self.open_client().get(url, headers={stamps.HEADER: stamp})
         except httpx.HTTPError as exc:
@@ -311,39 +399,94 @@ class _Edge:
         if answer.status_code != 200:  # noqa: PLR2004
             log.warning("the API answered %s to where is %s", answer.status_code, sandbox_id)
             return _sandbox_error(502, "the API cannot say where the sandbox is; retry later")
-        address = str(answer.json()["address"])
-        self.addresses[sandbox_id] = (address, time.monotonic() + _ADDRESS_TTL_S)
+        found = answer.json()
+        address, owner = str(found["address"]), str(found.get("org", ""))
+        if org is not None and owner != org:
+            # Not expected of the API, which checked; never route on its word alone.
+            log.warning("the API located %s for an organization that does not own it", sandbox_id)
+            return _sandbox_error(502, "the API cannot say where the sandbox is; retry later")
+        self.addresses[sandbox_id] = (address, owner, time.monotonic() + _ADDRESS_TTL_S)
         return address
 
-    def refuse_sandbox_request(self, request: Request, sandbox_id: str, port: int) -> Response | None:
+    async def admit(self, request: Request, sandbox_id: str, port: int) -> _Admitted | Response:
+        """How a request may reach the sandbox, or the answer refusing it. Every refusal
+        here is the same whether or not the sandbox exists."""
         if not _WARREN_ID.fullmatch(sandbox_id):
             return _sandbox_error(502, f"The sandbox {sandbox_id[:64]!r} was not found")
         if port == 0:
             return _sandbox_error(400, "E2b-Sandbox-Port (or the host's port part) must be a port number")
-        token = request.headers.get(_ACCESS_TOKEN, "")
         expected = keys.agent_token(self.stamp_key, sandbox_id)
-        if not hmac.compare_digest(token.encode("utf-8", "replace"), expected.encode("ascii")):
-            # One answer for a wrong token and a sandbox that does not exist: never say which.
-            return _sandbox_error(
-                401, "missing or invalid X-Access-Token: send the sandbox's envdAccessToken"
-            )
-        return None
+        token = request.headers.get(_ACCESS_TOKEN)
+        if token is not None:
+            if not hmac.compare_digest(token.encode("utf-8", "replace"), expected.encode("ascii")):
+                return _sandbox_error(401, "invalid X-Access-Token: send the sandbox's envdAccessToken")
+            return _Admitted()
+        if port == AGENT_PORT:
+            return self.admit_signed(request, expected)
+        return await self.admit_organization(request, port)
 
-    async def to_sandbox(self, request: Request, sandbox_id: str, port: int) -> Response:
-        refused = self.refuse_sandbox_request(request, sandbox_id, port)
-        if refused is not None:
-            return refused
-        short = sandbox_id.removeprefix("sbx_")
-        located = await self.locate(sandbox_id)
-        if isinstance(located, Response):
-            return located
-        raw_path: bytes = request.scope.get("raw_path") or quote(request.url.path).encode("ascii")
+    @staticmethod
+    def admit_signed(request: Request, token: str) -> _Admitted | Response:
+        """The agent is the whole sandbox: without its token, only a file URL signed with it."""
         query: bytes = request.scope.get("query_string", b"")
+        if request.url.path != "/files" or b"signature=" not in query:
+            return _sandbox_error(
+                401,
+                "missing X-Access-Token: send the sandbox's envdAccessToken (or, for /files, "
+                "use a URL signed with it)",
+            )
+        try:
+            checked = signed_file_query(request.method, query, token, time.time())
+        except SignatureError as exc:
+            return _sandbox_error(401, str(exc))
+        return _Admitted(query=checked, token=token, drop_authorization=True)
+
+    async def admit_organization(self, request: Request, port: int) -> _Admitted | Response:
+        """A server the sandbox runs: its organization's API keys (or OIDC tokens) will do."""
+        if "x-api-key" not in request.headers and "authorization" not in request.headers:
+            return _sandbox_error(
+                401,
+                f"missing credentials for port {port}: send the sandbox's X-Access-Token, or an "
+                "API key of its organization (X-API-KEY or Authorization: Bearer)",
+            )
+        try:
+            who = await self.authenticate(request)
+            if who.org == stamps.EDGE.org:
+                raise _EdgeError(403, "forbidden", "this identity's organization is reserved")
+        except _EdgeError as refused:
+            return refused.response()
+        return _Admitted(org=who.org, drop_authorization="authorization" in request.headers)
+
+    @staticmethod
+    def sandbox_headers(request: Request, port: int, admitted: _Admitted) -> list[tuple[bytes, bytes]]:
+        """The client's headers as the sandbox gets them: never an API key, never the
+        credential the edge checked, the agent's token only for the agent."""
+        drop = set(_SANDBOX_DROP)
+        if port != AGENT_PORT:
+            drop.add(_ACCESS_TOKEN.encode("ascii"))
+        authorization = request.headers.get("authorization", "")
+        if admitted.drop_authorization or _carries_api_key(authorization):
+            drop.add(b"authorization")
         headers = [
             (name.lower(), value)
             for name, value in request.headers.raw
-            if name.lower() not in _SANDBOX_DROP and not name.lower().startswith(_REQUEST_DROP_PREFIXES)
+            if name.lower() not in drop and not name.lower().startswith(_REQUEST_DROP_PREFIXES)
         ]
+        if admitted.token is not None:
+            headers.append((_ACCESS_TOKEN.encode("ascii"), admitted.token.encode("ascii")))
+        return headers
+
+    async def to_sandbox(self, request: Request, sandbox_id: str, port: int) -> Response:
+        admitted = await self.admit(request, sandbox_id, port)
+        if isinstance(admitted, Response):
+            return admitted
+        short = sandbox_id.removeprefix("sbx_")
+        located = await self.locate(sandbox_id, admitted.org)
+        if isinstance(located, Response):
+            return located
+        raw_path: bytes = request.scope.get("raw_path") or quote(request.url.path).encode("ascii")
+        query: bytes = request.scope.get("query_string", b"") if admitted.query is None else admitted.query
+        headers = self.sandbox_headers(request, port, admitted)
         has_body = "content-length" in request.headers or "transfer-encoding" in request.headers
         body = request.stream() if has_body else None
         client = self.open_sandbox_client()
@@ -359,7 +502,7 @@ class _Edge:
                 # its address was kept (a resume makes a new one): ask again, and try once
                 # more if it did. Otherwise the sandbox runs without that port open.
                 self.addresses.pop(sandbox_id, None)
-                again = await self.locate(sandbox_id)
+                again = await self.locate(sandbox_id, admitted.org)
                 if isinstance(again, Response):
                     return again
                 if again == located or attempt:
