@@ -141,8 +141,25 @@ def lifecycle_steps(sandbox: Sandbox) -> None:
         again = Sandbox.connect(sandbox.sandbox_id)
         return [paused, state == SandboxState.PAUSED, again.files.read("/workspace/kept.txt")]
 
+    def metrics() -> Any:
+        samples = sandbox.get_metrics()
+        latest = samples[-1]
+        return [latest.cpu_count >= 1, latest.mem_total > 0, latest.disk_total > 0]
+
+    def snapshot() -> Any:
+        commands.run("echo in-the-snapshot > /workspace/snap.txt && sync")
+        info = sandbox.create_snapshot(name="e2b-program")
+        commands.run("echo after > /workspace/snap.txt && sync")  # not the snapshot's
+        made = Sandbox.create(info.snapshot_id, timeout=300)
+        seen = made.files.read("/workspace/snap.txt")
+        made.kill()
+        listed = [s.snapshot_id for s in sandbox.list_snapshots().next_items()]
+        return [seen, listed == [info.snapshot_id], Sandbox.delete_snapshot(info.snapshot_id)]
+
     step("fork", fork)
     step("pause_and_connect", pause_and_connect)
+    step("metrics", metrics)
+    step("snapshot", snapshot)
     step("kill", lambda: [sandbox.kill(), Sandbox.kill(sandbox.sandbox_id)])
 
 

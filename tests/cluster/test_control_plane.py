@@ -104,6 +104,11 @@ def test_acceptance_path_through_the_cli(
     hi = sandbox(env, "exec", parent, "--", "echo", "hi")
     assert (hi.returncode, hi.stdout, hi.stderr) == (0, b"hi\n", b"")
     assert sandbox(env, "exec", parent, "--", "sh", "-c", "exit 3").returncode == 3
+    # Through the sandbox's agent (the command's parent), not Kubernetes exec; stdin too.
+    parent_of = ok(sandbox(env, "exec", parent, "--", "sh", "-c", "cat /proc/$PPID/cmdline"))
+    assert "/.warren/agent" in parent_of, parent_of
+    piped = sandbox(env, "exec", "--stdin", parent, "--", "wc", "-c", stdin=b"\x00y" * 50_000)
+    assert (piped.returncode, piped.stdout.strip()) == (0, b"100000")
 
     # The workspace is what a fork carries; without one, /tmp stands in for the file checks.
     workspaces = settings.sandbox_workspaces

@@ -72,6 +72,8 @@ def test_an_e2b_program_runs_unchanged(edge: str, keys: tuple[str, str]) -> None
     assert report["timeout"] is True
     assert report["fork"] == ["from-the-parent\n", "from-the-parent\n"]
     assert report["pause_and_connect"] == [True, True, "kept\n"]
+    assert report["metrics"] == [True, True, True]
+    assert report["snapshot"] == ["in-the-snapshot\n", True, True]
     assert report["kill"] == [True, False]
 
 

@@ -17,18 +17,20 @@ Errors are ``{"error": code, "message": text}``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import anyio
+import httpx
 import urllib3
 from fastapi import APIRouter, Body, Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -40,13 +42,22 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from warren_control import ids, keys, podexec, store
+from warren_control import agentclient, ids, keys, podexec, store
 from warren_control.db import make_engine, session_factory
 from warren_control.identity import EDGE, Identity, add_identity_error_handler, require_identity
 from warren_control.kube import ApiException, Kube, Obj, error_message
-from warren_control.models import IdempotencyRecord, Organization, Sandbox, SandboxPhase, User, utcnow
+from warren_control.models import (
+    IdempotencyRecord,
+    Organization,
+    Sandbox,
+    SandboxPhase,
+    Snapshot,
+    User,
+    utcnow,
+)
 from warren_control.observation import converge, scrub
 from warren_control.podspec import (
+    AGENT_CONTAINER,
     CONTAINER,
     FINALIZER,
     GROUP,
@@ -220,6 +231,11 @@ class StopRequest(Strict):
 class ExecRequest(Strict):
     command: list[Arg] = Field(min_length=1, max_length=256)
     timeout_s: int = Field(default=60, ge=1, le=MAX_EXEC_TIMEOUT_S)
+    stdin_base64: str | None = Field(
+        default=None,
+        description="Bytes for the command's standard input (base64), closed after them; "
+        "without it the command's stdin is empty.",
+    )
 
 
 Phase = Literal["Pending", "Running", "Stopped", "Failed", "Terminating", "Deleted"]
@@ -495,6 +511,9 @@ def _line(event: dict[str, Any]) -> bytes:
 class _Target:
     pod: str
     names: tuple[str, ...]
+    # The sandbox's agent, when its pod has one: exec and files go through it, and through
+    # Kubernetes exec only where there is none (a pod made before the agent, or without it).
+    agent: agentclient.Agent | None = None
 
 
 class ApiService:
@@ -512,6 +531,7 @@ class ApiService:
         # Exec streams poll their websockets from worker threads of their own, so a
         # hundred long-running commands cannot starve the ordinary requests' thread pool.
         self.exec_threads = anyio.CapacityLimiter(256)
+        self.agent_http = agentclient.client()
 
     # ---- records
 
@@ -634,6 +654,10 @@ class ApiService:
                 ),
             )
         ).first()
+        if found is None:  # or a snapshot's
+            found = session.scalars(
+                select(Snapshot.id).where(Snapshot.org_id == org_id, Snapshot.workspace_id == template)
+            ).first()
         if found is None:
             raise ApiError(404, "not_found", f"no workspace {template!r} in this organization")
 
@@ -723,10 +747,19 @@ class ApiService:
         """The running pod of a sandbox, for exec and files; touches its idle timer."""
         with self.sessions.begin() as session:
             object_name = self.find(session, who, sandbox_id).object_name
-        name, uid, _ = self.running_pod(object_name)
+        name, uid, pod = self.running_pod(object_name)
         with self.sessions.begin() as session:
             store.keep_alive(session, who.org, sandbox_id)
-        return _Target(pod=name, names=(name, object_name, uid, self.settings.namespace))
+        agent = self.agent_in(pod, sandbox_id)
+        return _Target(pod=name, names=(name, object_name, uid, self.settings.namespace), agent=agent)
+
+    def agent_in(self, pod: Obj, sandbox_id: str) -> agentclient.Agent | None:
+        """The agent of a sandbox's running pod, if the pod has one (its init container)."""
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        has_agent = any(c.get("name") == AGENT_CONTAINER for c in spec.get("initContainers") or [])
+        if not has_agent or not status.get("podIP"):
+            return None
+        return agentclient.Agent(str(status["podIP"]), keys.agent_token(self.settings.stamp_key, sandbox_id))
 
     def agent_address(self, sandbox_id: str, org: str | None = None) -> tuple[str, str]:
         """Where a sandbox's pod is and which organization owns it, for the edge to route
@@ -1081,59 +1114,127 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
                 "description": "Output as it comes, then the exit code: one JSON object a line",
                 "content": {"application/x-ndjson": {"schema": {"$ref": _SCHEMAS + "ExecEventOut"}}},
             },
-            **_errors(400, 401, 404, 409, 503),
+            **_errors(400, 401, 404, 409, 413, 503),
         },
         response_class=StreamingResponse,
         summary="Run a command in the sandbox, streaming its output",
     )
     async def exec_command(sandbox_id: str, who: Who, body: ExecRequest) -> Response:
+        stdin = exec_stdin(body)
         target = await run_in_threadpool(api.target, who, sandbox_id)
-        session = podexec.ExecSession(
-            api.cluster.kube, settings.namespace, target.pod, CONTAINER, list(body.command)
-        )
-        try:
-            await anyio.to_thread.run_sync(session.open, limiter=api.exec_threads)
-        except podexec.ExecNotFound as exc:
-            raise ApiError(409, "not_running", "the sandbox is not running any more") from exc
-        except podexec.ExecError as exc:
-            log.warning("exec failed to start: %s", exc)
-            raise ApiError(503, "unavailable", "cannot reach the sandbox right now; retry later") from exc
+        outputs: AsyncGenerator[tuple[str, bytes] | agentclient.Exit] | None = None
+        if target.agent is not None:
+            try:
+                command = await agentclient.start(
+                    api.agent_http, target.agent, body.command, stdin=stdin is not None
+                )
+            except agentclient.AgentRefused as refused:
+                # Nothing ran (no such executable): told the way a command's failure is.
+                message = scrub(refused.message, *target.names)
+                return StreamingResponse(
+                    iter([_line({"exit_code": None, "error": "exec_failed", "message": message})]),
+                    media_type="application/x-ndjson",
+                )
+            except agentclient.AgentError as exc:
+                log.warning("the sandbox's agent does not answer (%s); using Kubernetes exec", exc)
+            else:
+                outputs = agent_outputs(command, stdin)
+        stream = outputs or await kube_outputs(target, body.command, stdin)
 
         async def events() -> AsyncIterator[bytes]:
             decoders = {name: _Utf8Lines(name) for name in (podexec.STDOUT, podexec.STDERR)}
+
+            def flush() -> list[bytes]:
+                return [_line(e) for d in decoders.values() for e in d.feed(b"", final=True)]
+
             deadline = anyio.current_time() + body.timeout_s
             try:
                 while True:
                     remaining = deadline - anyio.current_time()
-                    if remaining <= 0:
-                        for decoder in decoders.values():
-                            for event in decoder.feed(b"", final=True):
-                                yield _line(event)
+                    try:
+                        if remaining <= 0:
+                            raise TimeoutError
+                        item = await asyncio.wait_for(anext(stream), remaining)
+                    except TimeoutError:
+                        for line in flush():
+                            yield line
                         message = f"no exit within {body.timeout_s} s; the output stream was closed"
                         yield _line({"exit_code": None, "error": "timeout", "message": message})
                         return
-                    chunks, done = await anyio.to_thread.run_sync(
-                        session.poll, min(0.5, remaining), limiter=api.exec_threads
-                    )
-                    for name, data in chunks:
-                        for event in decoders[name].feed(data):
-                            yield _line(event)
-                    if done:
-                        for decoder in decoders.values():
-                            for event in decoder.feed(b"", final=True):
-                                yield _line(event)
-                        status = session.status()
-                        if status.exit_code is not None:
-                            yield _line({"exit_code": status.exit_code})
+                    if isinstance(item, agentclient.Exit):
+                        for line in flush():
+                            yield line
+                        if item.code is not None:
+                            yield _line({"exit_code": item.code})
                         else:
-                            message = scrub(status.error or "the command did not run", *target.names)
+                            message = scrub(item.error or "the command did not run", *target.names)
                             yield _line({"exit_code": None, "error": "exec_failed", "message": message})
+                        return
+                    for event in decoders[item[0]].feed(item[1]):
+                        yield _line(event)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+
+        return StreamingResponse(events(), media_type="application/x-ndjson")
+
+    def exec_stdin(body: ExecRequest) -> bytes | None:
+        if body.stdin_base64 is None:
+            return None
+        try:
+            data = base64.b64decode(body.stdin_base64, validate=True)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_request", "stdin_base64: not base64; encode the bytes") from exc
+        if len(data) > settings.max_file_bytes:
+            limit = settings.max_file_bytes
+            raise ApiError(413, "too_large", f"stdin larger than {limit} bytes: write a file and redirect")
+        return data
+
+    async def agent_outputs(
+        command: agentclient.Command, stdin: bytes | None
+    ) -> AsyncGenerator[tuple[str, bytes] | agentclient.Exit]:
+        try:
+            async for item in command.outputs(stdin):
+                yield item
+        finally:
+            await command.close()
+
+    async def kube_outputs(
+        target: _Target, command: list[str], stdin: bytes | None
+    ) -> AsyncGenerator[tuple[str, bytes] | agentclient.Exit]:
+        """The command through Kubernetes exec (a pod without an agent), opened before the
+        response starts, so that a pod that went away is a 409 rather than a stream."""
+        session = podexec.ExecSession(
+            api.cluster.kube, settings.namespace, target.pod, CONTAINER, command, stdin=stdin is not None
+        )
+        try:
+            await anyio.to_thread.run_sync(session.open, limiter=api.exec_threads)
+            if stdin is not None:
+                await anyio.to_thread.run_sync(session.write, stdin, limiter=api.exec_threads)
+                await anyio.to_thread.run_sync(session.close_stdin, limiter=api.exec_threads)
+        except podexec.ExecNotFound as exc:
+            await anyio.to_thread.run_sync(session.close, limiter=api.exec_threads)
+            raise ApiError(409, "not_running", "the sandbox is not running any more") from exc
+        except podexec.ExecError as exc:
+            await anyio.to_thread.run_sync(session.close, limiter=api.exec_threads)
+            log.warning("exec failed to start: %s", exc)
+            raise ApiError(503, "unavailable", "cannot reach the sandbox right now; retry later") from exc
+
+        async def polled() -> AsyncGenerator[tuple[str, bytes] | agentclient.Exit]:
+            try:
+                while True:
+                    chunks, done = await anyio.to_thread.run_sync(session.poll, 0.5, limiter=api.exec_threads)
+                    for chunk in chunks:
+                        yield chunk
+                    if done:
+                        status = session.status()
+                        yield agentclient.Exit(status.exit_code, status.error or "the command did not run")
                         return
             finally:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(session.close, limiter=api.exec_threads)
 
-        return StreamingResponse(events(), media_type="application/x-ndjson")
+        return polled()
 
     def file_path(path: str) -> str:
         if not path.startswith("/") or "\x00" in path:
@@ -1144,10 +1245,8 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
             raise ApiError(400, "invalid_request", "path must be UTF-8") from exc
         return path
 
-    def run_in_sandbox(
-        who: Identity, sandbox_id: str, command: list[str], stdin: bytes | None
-    ) -> tuple[podexec.Completed, _Target]:
-        target = api.target(who, sandbox_id)
+    def run_in_pod(target: _Target, command: list[str], stdin: bytes | None) -> podexec.Completed:
+        """A file transfer through Kubernetes exec (a pod without an agent)."""
         try:
             done = podexec.run(
                 api.cluster.kube,
@@ -1166,7 +1265,15 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
         except podexec.ExecError as exc:
             log.warning("file transfer failed: %s", exc)
             raise ApiError(503, "unavailable", "cannot reach the sandbox right now; retry later") from exc
-        return done, target
+        return done
+
+    def agent_file_failure(refused: agentclient.AgentRefused, target: _Target, path: str) -> ApiError:
+        said = scrub(refused.message, *target.names)[:2000]
+        if refused.status == httpx.codes.NOT_FOUND:
+            return ApiError(404, "file_not_found", f"{path}: {said}")
+        if refused.status == httpx.codes.REQUEST_ENTITY_TOO_LARGE:
+            return ApiError(413, "too_large", f"files larger than {settings.max_file_bytes} bytes")
+        return ApiError(400, "file_error", f"{path}: {said}")
 
     def file_failure(done: podexec.Completed, target: _Target, path: str) -> ApiError:
         said = done.stderr.decode("utf-8", "replace").strip() or (done.status.error or "")
@@ -1218,9 +1325,21 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
         response_class=Response,
         summary="Read a file from the sandbox",
     )
-    def read_file(sandbox_id: str, who: Who, path: FilePath) -> Response:
+    async def read_file(sandbox_id: str, who: Who, path: FilePath) -> Response:
         path = file_path(path)
-        done, target = run_in_sandbox(who, sandbox_id, ["cat", path], None)
+        target = await run_in_threadpool(api.target, who, sandbox_id)
+        if target.agent is not None:
+            try:
+                data = await agentclient.read_file(
+                    api.agent_http, target.agent, path, settings.max_file_bytes
+                )
+            except agentclient.AgentRefused as refused:
+                raise agent_file_failure(refused, target, path) from refused
+            except agentclient.AgentError as exc:
+                log.warning("the sandbox's agent does not answer (%s); using Kubernetes exec", exc)
+            else:
+                return Response(data, media_type="application/octet-stream")
+        done = await run_in_threadpool(run_in_pod, target, ["cat", path], None)
         if done.status.exit_code != 0:
             raise file_failure(done, target, path)
         return Response(done.stdout, media_type="application/octet-stream")
@@ -1248,9 +1367,19 @@ def make_api(settings: ApiSettings) -> FastAPI:  # noqa: PLR0915 (the routes are
             data.extend(chunk)
             if len(data) > limit:
                 raise ApiError(413, "too_large", f"files larger than {limit} bytes")
+        target = await run_in_threadpool(api.target, who, sandbox_id)
+        if target.agent is not None:
+            try:
+                await agentclient.write_file(api.agent_http, target.agent, path, bytes(data))
+            except agentclient.AgentRefused as refused:
+                raise agent_file_failure(refused, target, path) from refused
+            except agentclient.AgentError as exc:
+                log.warning("the sandbox's agent does not answer (%s); using Kubernetes exec", exc)
+            else:
+                return JSONResponse({"path": path, "size": len(data)})
         # head -c: exactly the bytes sent, whether or not the exec protocol can close stdin.
         command = ["sh", "-c", 'head -c "$2" > "$1"', "sh", path, str(len(data))]
-        done, target = await run_in_threadpool(run_in_sandbox, who, sandbox_id, command, bytes(data))
+        done = await run_in_threadpool(run_in_pod, target, command, bytes(data))
         if done.status.exit_code != 0:
             raise file_failure(done, target, path)
         return JSONResponse({"path": path, "size": len(data)})

@@ -408,7 +408,8 @@ def sandbox_exec(client: Client, args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command and args.command[0] == "--" else args.command
     if not command:
         raise SystemExit("name the command to run: sandbox exec ID -- COMMAND [ARG...]")
-    stream = client.exec(args.id, command, timeout=args.exec_timeout)
+    stdin = sys.stdin.buffer.read() if args.stdin else None
+    stream = client.exec(args.id, command, timeout=args.exec_timeout, stdin=stdin)
     while True:
         try:
             chunk = next(stream)
@@ -622,6 +623,7 @@ def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command 
     run.add_argument("id")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
     run.add_argument("--exec-timeout", type=int, default=600, help="seconds")
+    run.add_argument("--stdin", action="store_true", help="send this program's standard input to the command")
 
     stop = action("stop", sandbox_stop, "stop a sandbox (its workspace stays)")
     stop.add_argument("id")

@@ -22,12 +22,13 @@ naming the field, never dropped in silence.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl, unquote
 
@@ -36,8 +37,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
-from warren_control import keys, store
+from warren_control import agentclient, ids, keys, store
 from warren_control.api import (
     ApiError,
     ApiService,
@@ -45,14 +47,17 @@ from warren_control.api import (
     CreateSandboxRequest,
     IdempotencyKey,
     Who,
+    WorkspaceRequest,
 )
 from warren_control.identity import Identity
-from warren_control.models import Sandbox, SandboxPhase, utcnow
+from warren_control.models import Sandbox, SandboxPhase, Snapshot, utcnow
 from warren_control.observation import scrub
 from warren_control.podspec import pod_name
 from warren_control.templates import Template
+from warren_control.workspaces import WorkspaceStoreError
 
 # The envd protocol version Warren's agent speaks: the SDK turns features on by it.
+log = logging.getLogger(__name__)
 ENVD_VERSION = "0.6.4"
 CLIENT_ID = "warren"
 DEFAULT_TIMEOUT_S = 300  # E2B's default sandbox timeout
@@ -113,6 +118,11 @@ class ConnectBody(_Body):
 
 
 class PauseBody(_Body):
+    memory: bool | None = None
+
+
+class SnapshotBody(_Body):
+    name: str | None = Field(default=None, min_length=1, max_length=200)
     memory: bool | None = None
 
 
@@ -213,6 +223,22 @@ class Shapes:
             **self.listed(record),
             "envdAccessToken": keys.agent_token(self.stamp_key, record["id"]),
             "domain": self.domain,
+        }
+
+    @staticmethod
+    def metric(sample: Mapping[str, Any]) -> dict[str, Any]:
+        """`SandboxMetric`, from one of the agent's samples (envd's field names)."""
+        ts = int(sample.get("ts") or 0)
+        return {
+            "timestamp": datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z"),
+            "timestampUnix": ts,
+            "cpuCount": int(sample.get("cpu_count") or 0),
+            "cpuUsedPct": float(sample.get("cpu_used_pct") or 0.0),
+            "memUsed": int(sample.get("mem_used") or 0),
+            "memTotal": int(sample.get("mem_total") or 0),
+            "memCache": int(sample.get("mem_cache") or 0),
+            "diskUsed": int(sample.get("disk_used") or 0),
+            "diskTotal": int(sample.get("disk_total") or 0),
         }
 
 
@@ -343,17 +369,37 @@ def make_router(  # noqa: PLR0915 (the routes are the surface)
                 )
             time.sleep(0.2)
 
+    def from_snapshot(who: Identity, name: str) -> Snapshot | None:
+        if name in templates:
+            return None  # an operator's template's name wins
+        with api.sessions() as session:
+            return store.find_snapshot(session, who.org, name)
+
     def create(body: NewSandbox, who: Identity, key: str | None, route: str) -> Response:
         refuse_unsupported(body)
         check_env(body.env_vars or {})
-        chosen = template(body.template_id)
-        request = CreateSandboxRequest(
-            image=chosen.image, cpu_millis=chosen.cpu_millis, memory_mib=chosen.memory_mib
-        )
+        env = dict(body.env_vars or {})
+        snapshot = from_snapshot(who, body.template_id)
+        if snapshot is not None:
+            # The snapshot's workspace, on the source's image and size; its environment
+            # under the one asked for now.
+            kept = snapshot.spec
+            env = {**(kept.get("env") or {}), **env}
+            request = CreateSandboxRequest(
+                image=kept["image"],
+                cpu_millis=kept["cpu_millis"],
+                memory_mib=kept["memory_mib"],
+                workspace=WorkspaceRequest(size_gib=kept["size_gib"], template=snapshot.workspace_id),
+            )
+        else:
+            chosen = template(body.template_id)
+            request = CreateSandboxRequest(
+                image=chosen.image, cpu_millis=chosen.cpu_millis, memory_mib=chosen.memory_mib
+            )
         extra = {
             "template": body.template_id,
             "metadata": dict(body.metadata or {}),
-            "env": dict(body.env_vars or {}),
+            "env": env,
             "max_lifetime_s": body.timeout or DEFAULT_TIMEOUT_S,
         }
         _, answer, _ = api.create(who, request, key, route=route, extra=extra)
@@ -510,6 +556,152 @@ def make_router(  # noqa: PLR0915 (the routes are the surface)
         if _state(record(who, sandbox_id)) == "running":
             raise ApiError(409, "conflict", f"sandbox {sandbox_id} is already running")
         return connect(sandbox_id, who, body)
+
+    @router.get("/sandboxes/{sandbox_id}/metrics")
+    async def metrics(
+        sandbox_id: str,
+        who: Who,
+        start: Annotated[int | None, Query(ge=0)] = None,
+        end: Annotated[int | None, Query(ge=0)] = None,
+    ) -> Response:
+        """The samples the sandbox's agent keeps (every 5 s, the last hour of its current
+        run): a paused sandbox, or one whose pod has no agent, has none."""
+        answer = await run_in_threadpool(record, who, sandbox_id)
+        if _state(answer) == "paused":
+            return JSONResponse([])
+        try:
+            _, _, pod = await run_in_threadpool(api.running_pod, api.object_name(who, answer["id"]))
+        except ApiError:
+            return JSONResponse([])  # not running yet: nothing measured
+        agent = api.agent_in(pod, answer["id"])
+        if agent is None:
+            return JSONResponse([])
+        try:
+            samples = await agentclient.metrics(api.agent_http, agent, start, end)
+        except agentclient.AgentError as exc:
+            log.warning("metrics of %s: %s", answer["id"], exc)
+            raise ApiError(
+                502, "unavailable", f"sandbox {sandbox_id}'s agent does not answer; retry"
+            ) from exc
+        return JSONResponse([shapes.metric(s) for s in samples])
+
+    def stopped(who: Identity, sandbox_id: str) -> None:
+        """Wait until the sandbox's pod is gone (its workspace unmounted, so all of it is in
+        storage), at most the deployment's start wait."""
+        deadline = time.monotonic() + api.settings.start_wait_s
+        while api.settings.start_wait_s > 0:
+            obj = api.cluster.read(api.object_name(who, sandbox_id)) or {}
+            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+            current = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+            if not obj or (status.get("phase") == SandboxPhase.STOPPED.value and current):
+                return
+            if time.monotonic() >= deadline:
+                raise ApiError(
+                    504,
+                    "timeout",
+                    f"sandbox {e2b_id(sandbox_id)} did not stop within {api.settings.start_wait_s:.0f} s "
+                    "for its snapshot; it stays paused: connect to it to resume it",
+                    headers={"Should-Retry": "false"},
+                )
+            time.sleep(0.2)
+
+    @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
+    def snapshot(sandbox_id: str, who: Who, body: SnapshotBody | None = None) -> Response:
+        """The sandbox's workspace as it stands, kept to start new sandboxes from. A running
+        sandbox is paused for it (its writes all reach storage) and resumed after: its
+        processes restart, as on any pause."""
+        body = body or SnapshotBody()
+        if body.memory:
+            raise ApiError(
+                400,
+                "unsupported_capability",
+                "memory: this deployment cannot keep a sandbox's memory yet; snapshot with "
+                'mode="filesystem"',
+            )
+        api.need_workspaces("a snapshot (it is of the workspace)")
+        workspaces = api.settings.workspace_store
+        if workspaces is None:
+            raise ApiError(
+                400,
+                "unsupported_capability",
+                "snapshots need the workspace store, which this control plane is not given",
+            )
+        answer = record(who, sandbox_id)
+        if not answer.get("workspace_id"):
+            raise ApiError(409, "conflict", f"sandbox {sandbox_id} has no workspace to snapshot")
+        was_running = _state(answer) == "running"
+        if was_running:
+            api.set_stopped(who, answer["id"], True)
+        copy_id = ids.new_workspace_id()
+        try:
+            if was_running:
+                stopped(who, answer["id"])
+            workspaces.copy(answer["workspace_id"], copy_id)
+        except WorkspaceStoreError as exc:
+            if exc.missing:
+                raise ApiError(409, "conflict", f"sandbox {sandbox_id} has nothing in storage yet") from exc
+            raise ApiError(503, "unavailable", f"the workspace store: {exc}") from exc
+        finally:
+            if was_running:
+                api.set_stopped(who, answer["id"], False)
+        spec = answer["spec"]
+        kept = {
+            "image": spec["image"],
+            "cpu_millis": spec["cpu_millis"],
+            "memory_mib": spec["memory_mib"],
+            "size_gib": (spec.get("workspace") or {}).get("size_gib", 10),
+            "env": spec.get("env") or {},
+        }
+        with api.sessions.begin() as session:
+            source = api.find(session, who, answer["id"])
+            made = store.create_snapshot(session, source, copy_id, body.name, kept)
+            snapshot_id, names = made.id, [made.name] if made.name else []
+        if was_running:
+            running(who, answer["id"])
+        return JSONResponse({"snapshotID": snapshot_id, "names": names}, status_code=201)
+
+    @router.get("/snapshots")
+    def list_snapshots(
+        who: Who,
+        *,
+        sandbox: Annotated[str | None, Query(alias="sandboxID", max_length=64)] = None,
+        name: Annotated[str | None, Query(max_length=200)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = MAX_LIST,
+        next_token: Annotated[str | None, Query(alias="nextToken", max_length=512)] = None,
+    ) -> Response:
+        with api.sessions() as session:
+            try:
+                items, token = store.list_snapshots(
+                    session,
+                    who.org,
+                    sandbox_id=warren_id(sandbox) if sandbox else None,
+                    name=name,
+                    limit=limit,
+                    cursor=next_token,
+                )
+            except store.InvalidCursorError as exc:
+                raise ApiError(400, "invalid_request", f"nextToken: {exc}") from exc
+            found = [{"snapshotID": i.id, "names": [i.name] if i.name else []} for i in items]
+        return JSONResponse(found, headers={"X-Next-Token": token} if token else {})
+
+    @router.delete("/templates/{template_id}", status_code=204)
+    def delete_snapshot(template_id: str, who: Who) -> Response:
+        """A snapshot goes (sandboxes made from it keep what they stand on)."""
+        with api.sessions() as session:
+            found = session.get(Snapshot, template_id)
+            if found is None or found.org_id != who.org:
+                raise ApiError(404, "not_found", f"snapshot {template_id[:64]!r} not found")
+            workspace_id = found.workspace_id
+        if api.settings.workspace_store is not None:
+            try:
+                api.settings.workspace_store.release(workspace_id)
+            except WorkspaceStoreError as exc:
+                raise ApiError(503, "unavailable", f"the workspace store: {exc}; retry") from exc
+        with api.sessions.begin() as session:
+            found = session.get(Snapshot, template_id)
+            if found is not None:
+                session.delete(found)
+        return Response(status_code=204)
 
     @router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
     def fork(

@@ -29,6 +29,10 @@ def new_workspace_id() -> str:
     return f"ws_{_random()}"
 
 
+def new_snapshot_id() -> str:
+    return f"snp_{_random()}"
+
+
 def new_object_name() -> str:
     """The Kubernetes name of a Sandbox resource: drawn on its own, so the public id can't be
     derived from it (or it from the public id)."""

@@ -221,6 +221,28 @@ class Sandbox(Base):
         }
 
 
+class Snapshot(Base):
+    """A sandbox's workspace as it stood at one moment, kept under a workspace of its own
+    (warren-blockd copy: no data copied) to start new sandboxes from; it outlives its sandbox
+    until it is deleted. What the E2B surface calls a snapshot."""
+
+    __tablename__ = "snapshots"
+    __table_args__ = (
+        ForeignKeyConstraint(["org_id"], ["organizations.id"]),
+        Index(None, "org_id", "created_at", "id"),
+        Index(None, "org_id", "name"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(String(32))
+    sandbox_id: Mapped[str] = mapped_column(String(32))  # the source, kept after it is deleted
+    name: Mapped[str | None] = mapped_column(String(200))
+    workspace_id: Mapped[str] = mapped_column(String(128), unique=True)
+    # What a sandbox made from it starts with: the source's image, size, template and env.
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class IdempotencyRecord(Base):
     """The answer given to one idempotency key, replayed when the same request comes again."""
 

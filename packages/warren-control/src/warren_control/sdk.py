@@ -343,12 +343,20 @@ class Client:
     # ---- commands and files
 
     def exec(
-        self, sandbox_id: str, command: builtins.list[str], *, timeout: int = 60
+        self,
+        sandbox_id: str,
+        command: builtins.list[str],
+        *,
+        timeout: int = 60,
+        stdin: bytes | None = None,
     ) -> Generator[Output, None, int]:
         """Run `command`, yielding its output as it arrives; the generator's return value
-        (`code = yield from client.exec(...)`) is the exit code. Raises WarrenError if the
-        command could not run or did not finish in `timeout` seconds."""
-        body = {"command": command, "timeout_s": timeout}
+        (`code = yield from client.exec(...)`) is the exit code. `stdin`, when given, is the
+        command's standard input (closed after it). Raises WarrenError if the command could
+        not run or did not finish in `timeout` seconds."""
+        body: dict[str, Any] = {"command": command, "timeout_s": timeout}
+        if stdin is not None:
+            body["stdin_base64"] = base64.b64encode(stdin).decode()
         # No read timeout: a command may be quiet for a long time and still be working.
         read_timeout = httpx.Timeout(self._http.timeout.connect, read=None)
         try:
@@ -376,10 +384,17 @@ class Client:
             raise WarrenError(0, "unreachable", f"exec: {exc}") from exc
         raise WarrenError(0, "unreachable", "the exec stream ended without an exit code")
 
-    def run(self, sandbox_id: str, command: builtins.list[str], *, timeout: int = 60) -> ExecResult:
+    def run(
+        self,
+        sandbox_id: str,
+        command: builtins.list[str],
+        *,
+        timeout: int = 60,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
         """Run `command` to completion and collect its output."""
         out, err = bytearray(), bytearray()
-        stream = self.exec(sandbox_id, command, timeout=timeout)
+        stream = self.exec(sandbox_id, command, timeout=timeout, stdin=stdin)
         while True:
             try:
                 chunk = next(stream)

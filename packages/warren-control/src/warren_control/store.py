@@ -28,6 +28,7 @@ from warren_control.models import (
     Organization,
     Sandbox,
     SandboxPhase,
+    Snapshot,
     User,
     utcnow,
 )
@@ -357,9 +358,9 @@ class Page:
     next_cursor: str | None  # None: this was the last page
 
 
-def cursor_after(sandbox: Sandbox) -> str:
+def cursor_after(item: Sandbox | Snapshot) -> str:
     # Only what the page's last item already shows the client: its creation time and id.
-    raw = json.dumps([sandbox.created_at.isoformat(), sandbox.id], separators=(",", ":")).encode()
+    raw = json.dumps([item.created_at.isoformat(), item.id], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
@@ -412,6 +413,58 @@ def list_sandboxes(
     more = len(rows) > limit
     items = rows[:limit]
     return Page(items=items, next_cursor=cursor_after(items[-1]) if more else None)
+
+
+def create_snapshot(
+    session: Session, source: Sandbox, workspace_id: str, name: str | None, spec: dict[str, Any]
+) -> Snapshot:
+    snapshot = Snapshot(
+        id=ids.new_snapshot_id(),
+        org_id=source.org_id,
+        sandbox_id=source.id,
+        name=name,
+        workspace_id=workspace_id,
+        spec=spec,
+    )
+    session.add(snapshot)
+    session.flush()
+    return snapshot
+
+
+def find_snapshot(session: Session, org_id: str, id_or_name: str) -> Snapshot | None:
+    """The organization's snapshot with this id, or the newest one with this name."""
+    query = select(Snapshot).where(
+        Snapshot.org_id == org_id, or_(Snapshot.id == id_or_name, Snapshot.name == id_or_name)
+    )
+    return session.scalars(query.order_by(Snapshot.created_at.desc(), Snapshot.id.desc()).limit(1)).first()
+
+
+def list_snapshots(
+    session: Session,
+    org_id: str,
+    *,
+    sandbox_id: str | None = None,
+    name: str | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> tuple[list[Snapshot], str | None]:
+    """The organization's snapshots newest first, `limit` at a time, and the cursor that
+    continues after them (None after the last)."""
+    query = select(Snapshot).where(Snapshot.org_id == org_id)
+    if sandbox_id is not None:
+        query = query.where(Snapshot.sandbox_id == sandbox_id)
+    if name is not None:
+        query = query.where(or_(Snapshot.name == name, Snapshot.id == name))
+    if cursor is not None:
+        after, after_id = _decode_cursor(cursor)
+        query = query.where(
+            or_(Snapshot.created_at < after, and_(Snapshot.created_at == after, Snapshot.id < after_id))
+        )
+    rows = list(
+        session.scalars(query.order_by(Snapshot.created_at.desc(), Snapshot.id.desc()).limit(limit + 1))
+    )
+    items = rows[:limit]
+    return items, cursor_after(items[-1]) if len(rows) > limit else None
 
 
 def set_phase(

@@ -40,6 +40,9 @@ class Proof:
 class WorkspaceStore(Protocol):
     def proof(self, workspace_id: str) -> Proof: ...
 
+    def copy(self, workspace_id: str, new_id: str) -> None:
+        """The workspace's stored state under `new_id` (nothing may be writing it)."""
+
     def release(self, workspace_id: str) -> None:
         """Remove the workspace from storage (what a fork still stands on stays for it)."""
 
@@ -77,6 +80,13 @@ class BlockdStore:
         if done.returncode != 0:
             raise self._failed(done)
         return Proof(workspace_id, int(json.loads(done.stdout)["replicated_seq"]), datetime.now(UTC))
+
+    def copy(self, workspace_id: str, new_id: str) -> None:
+        done = self._tool("copy", workspace_id, new_id)
+        if done.returncode == NOT_IN_STORE:
+            raise WorkspaceStoreError("the workspace has nothing in storage yet", missing=True)
+        if done.returncode != 0:
+            raise self._failed(done)
 
     def release(self, workspace_id: str) -> None:
         done = self._tool("release", workspace_id)
