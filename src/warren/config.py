@@ -27,6 +27,7 @@ DEFAULT_BLOCKED_V4 = (
 DEFAULT_BLOCKED_V6 = ("fc00::/7", "fe80::/10", "fd00:ec2::254/128", "::1/128")
 
 SYSTEM_NAMESPACE = "warren-system"  # Warren's own services; privileged
+DNS_NAME_MAX = 253
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -314,6 +315,30 @@ class ServicesConfig(_Model):
     # what was built, and a rebuild under the same tag rolls the workloads. The local
     # deployment fills it from what the node holds (`warren apply --local-node`).
     image_digests: dict[str, str] = Field(default_factory=dict)
+    # Where E2B programs reach a sandbox's ports as {port}-{id}.{sandbox_domain}: a wildcard
+    # DNS record for it points at the edge. Empty: programs set E2B_SANDBOX_URL to the edge.
+    sandbox_domain: str = ""
+    # A kubernetes.io/tls Secret in warren-system (tls.crt, tls.key) with a certificate for
+    # the edge's name and *.{sandbox_domain}: the edge serves HTTPS with it. Empty: HTTP
+    # (behind the operator's own TLS terminator, or on a private network).
+    edge_tls_secret: str = ""
+
+    @field_validator("sandbox_domain")
+    @classmethod
+    def _domain(cls, value: str) -> str:
+        value = value.rstrip(".").lower()
+        labels = value.split(".") if value else []
+        too_long, single_label = len(value) > DNS_NAME_MAX, len(labels) < 2  # noqa: PLR2004
+        if value and (too_long or single_label or not all(DNS_LABEL.match(x) for x in labels)):
+            raise ValueError(f"{value!r} is not a DNS domain, e.g. sandboxes.example.com")
+        return value
+
+    @field_validator("edge_tls_secret")
+    @classmethod
+    def _secret_name(cls, value: str) -> str:
+        if value and not DNS_LABEL.match(value):
+            raise ValueError(f"{value!r} is not a Secret name (lower-case letters, digits, '-'; 63 at most)")
+        return value
 
     @field_validator("image_registry")
     @classmethod

@@ -204,6 +204,25 @@ def test_the_control_plane_leads_by_lease_and_reaches_the_stores() -> None:
     assert "--workspace-store-endpoint=https://s3.example.com" in container["args"]
 
 
+def test_the_edge_serves_the_sandbox_domain_with_the_operator_s_certificate() -> None:
+    (plain,) = named(workloads(), "Deployment", "warren-control")["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in plain["args"] if a.startswith(("--sandbox-domain", "--tls-"))]
+    deployment = named(
+        workloads({"sandbox_domain": "Sandboxes.Example.com.", "edge_tls_secret": "warren-edge-tls"}),
+        "Deployment",
+        "warren-control",
+    )
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert "--sandbox-domain=sandboxes.example.com" in container["args"]
+    assert {"--tls-cert=/etc/warren/tls/tls.crt", "--tls-key=/etc/warren/tls/tls.key"} <= set(
+        container["args"]
+    )
+    assert {"name": "edge-tls", "mountPath": "/etc/warren/tls", "readOnly": True} in container["volumeMounts"]
+    volume = next(v for v in spec["volumes"] if v["name"] == "edge-tls")
+    assert volume["secret"]["secretName"] == "warren-edge-tls"
+
+
 def test_the_lease_role_is_in_warren_system_only() -> None:
     (role,) = [
         o for o in render(parse_config({})) if o["kind"] == "Role" and "lease" in o["metadata"]["name"]
@@ -226,6 +245,9 @@ def test_the_lease_role_is_in_warren_system_only() -> None:
         ),
         ({"stores_host_path": "relative/dir"}, "services.stores_host_path"),
         ({"sandbox_node_selector": {"bad key!": "x"}}, "services.sandbox_node_selector"),
+        ({"sandbox_domain": "localhost"}, "services.sandbox_domain"),
+        ({"sandbox_domain": "bad_name.example.com"}, "services.sandbox_domain"),
+        ({"edge_tls_secret": "Not/A/Name"}, "services.edge_tls_secret"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(services: dict[str, Any], named_key: str) -> None:
