@@ -9,4 +9,6 @@ if [[ ! -s $records/url || ! -s $records/api-key ]]; then
   echo "bench-exec: no deployed platform here ($records/url and api-key are missing): run make deploy first" >&2
   exit 1
 fi
-exec .venv/bin/python bench/exec.py --url "$(cat "$records/url")" --api-key-file "$records/api-key" "$@"
+kubeconfig=$(.venv/bin/warren cluster kubeconfig)
+exec .venv/bin/python bench/exec.py --url "$(cat "$records/url")" --api-key-file "$records/api-key" \
+  --kubeconfig "$kubeconfig" "$@"
