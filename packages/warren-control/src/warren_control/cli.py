@@ -178,21 +178,7 @@ def _tls(args: argparse.Namespace) -> _Tls:
     return _Tls(cert, key)
 
 
-def _serve_forever(app: Any, host: str, port: int, tls: _Tls = _PLAIN_HTTP) -> None:
-    import uvicorn
-
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level="info",
-        proxy_headers=False,
-        ssl_certfile=tls.cert,
-        ssl_keyfile=tls.key,
-    )
-
-
-def _serve_in_thread(app: Any, host: str, port: int, tls: _Tls = _PLAIN_HTTP) -> Any:
+def _server(app: Any, host: str, port: int, tls: _Tls) -> Any:
     import uvicorn
 
     config = uvicorn.Config(
@@ -204,7 +190,15 @@ def _serve_in_thread(app: Any, host: str, port: int, tls: _Tls = _PLAIN_HTTP) ->
         ssl_certfile=tls.cert,
         ssl_keyfile=tls.key,
     )
-    server = uvicorn.Server(config)
+    return uvicorn.Server(config)
+
+
+def _serve_forever(app: Any, host: str, port: int, tls: _Tls = _PLAIN_HTTP) -> None:
+    _server(app, host, port, tls).run()
+
+
+def _serve_in_thread(app: Any, host: str, port: int, tls: _Tls = _PLAIN_HTTP) -> Any:
+    server = _server(app, host, port, tls)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     return server
