@@ -65,14 +65,15 @@ down: venv
 ## and a real gVisor node), images-test (the service images run, rebuilt to the same
 ## digests, pushed to a real registry), scale (the controller on 1,000 kwok nodes with 5,000
 ## sandboxes).
-# Two lanes side by side (two cores): the cluster tier, the longest, then the bundle (built
-# once) and its two tiers; lint, unit and the rest in order. Every tier uses its own ports,
+# Two lanes side by side (two cores): the cluster tier, the longest, then the bundle's two
+# tiers; the bundle (built once, while the cluster tier runs), lint, unit and the rest in
+# order. The bundle's tiers wait for it (BUNDLE_WAIT). Every tier uses its own ports,
 # directories and namespaces, so the lanes share nothing but the environments and the
 # binaries, which are made first. Each line is prefixed with its tier; test-results/tiers/
 # keeps every tier's log; the end prints each tier's time and result, and a failed tier's
 # last lines again.
-TIERS_CLUSTER := cluster-test bundle bundle-test hosts-test
-TIERS_REST := lint unit pulumi-unit pulumi-test blockd forkd agent control ansible-test images-test scale
+TIERS_CLUSTER := cluster-test bundle-test hosts-test
+TIERS_REST := bundle lint unit pulumi-unit pulumi-test blockd forkd agent control ansible-test images-test scale
 TIER_LOGS := test-results/tiers
 ENVS := $(VENV)/.installed $(VENV)/.control-installed $(BLOCKD)/.venv/.installed $(CONTROL)/.venv/.installed \
   $(FORKD)/.venv/.installed $(PULUMI)/.venv/.installed
@@ -99,9 +100,10 @@ builds: $(ENVS)
 	tools/build-cluster-binaries.sh >/dev/null
 	tools/build-pulumi.sh >/dev/null
 
-# The bundle is built once, as a tier of its own, for the two tiers that install it.
+# The bundle is built once, as a tier of its own (in the other lane), for the two tiers that
+# install it.
 lane-cluster:
-	$(call lane,$(TIERS_CLUSTER),BUNDLE_PREBUILT=1)
+	$(call lane,$(TIERS_CLUSTER),BUNDLE_WAIT=1)
 lane-rest:
 	$(call lane,$(TIERS_REST))
 # A failed tier does not stop its lane: one run reports every tier.
@@ -110,7 +112,7 @@ failed=0; \
 for tier in $(1); do \
   start=$$SECONDS; \
   if $(MAKE) -j1 $$tier $(2) 2>&1 | tee $(TIER_LOGS)/$$tier.log | sed -u "s/^/[$$tier] /"; then \
-    echo "tier $$tier: $$((SECONDS - start)) s"; result=passed; \
+    echo "tier $$tier: $$((SECONDS - start)) s"; touch $(TIER_LOGS)/$$tier.passed; result=passed; \
   else \
     echo "tier $$tier: FAILED after $$((SECONDS - start)) s"; touch $(TIER_LOGS)/$$tier.failed; failed=1; result=FAILED; \
   fi; \
@@ -232,7 +234,17 @@ bundle: venv
 # three environments from its wheels, apt from its repository alone, its binaries and
 # images.
 # BUNDLE_PREBUILT=1: use $(BUNDLE) as it is (make test builds it once for both tiers).
-BUNDLE_DEP := $(if $(BUNDLE_PREBUILT),,bundle)
+# BUNDLE_WAIT=1: wait for the bundle tier of the other lane to end (make test's lanes).
+BUNDLE_DEP := $(if $(BUNDLE_WAIT),bundle-ready,$(if $(BUNDLE_PREBUILT),,bundle))
+BUNDLE_WAIT_S := 3600
+.PHONY: bundle-ready
+bundle-ready:
+	@waited=0; until [ -e $(TIER_LOGS)/bundle.passed ]; do \
+	  if [ -e $(TIER_LOGS)/bundle.failed ]; then echo "the bundle tier failed: nothing to install" >&2; exit 1; fi; \
+	  if [ $$waited -ge $(BUNDLE_WAIT_S) ]; then echo "no bundle after $(BUNDLE_WAIT_S) s: the bundle tier did not end" >&2; exit 1; fi; \
+	  [ $$((waited % 60)) -ne 0 ] || echo "waiting for the bundle tier ($$waited s)"; \
+	  sleep 5; waited=$$((waited + 5)); \
+	done
 bundle-test: $(BUNDLE_DEP)
 	WARREN_BUNDLE=$(BUNDLE) $(BIN)/pytest -m bundle tests/bundle
 
