@@ -6,12 +6,12 @@ from __future__ import annotations
 import base64
 import json
 
-from warren_control.api import _Utf8Lines
 from warren_control.podexec import parse_status
+from warren_control.sandbox_io import Utf8Lines
 
 
 def test_text_split_inside_a_character_is_held_until_it_completes() -> None:
-    lines = _Utf8Lines("stdout")
+    lines = Utf8Lines("stdout")
     data = "héllo €".encode()
     first, second = data[:2], data[2:]  # "h" and half of "é"
     assert lines.feed(first) == [{"stream": "stdout", "text": "h"}]
@@ -20,7 +20,7 @@ def test_text_split_inside_a_character_is_held_until_it_completes() -> None:
 
 
 def test_bytes_that_are_not_utf8_travel_as_base64() -> None:
-    lines = _Utf8Lines("stderr")
+    lines = Utf8Lines("stderr")
     events = lines.feed(b"\xff\xfeok")
     assert events == [{"stream": "stderr", "base64": base64.b64encode(b"\xff\xfeok").decode()}]
     # A dangling half character at the very end is sent as it is.
