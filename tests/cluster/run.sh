@@ -45,8 +45,10 @@ image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(b
   --api-url "$(cat "$records/url")" --api-key-file "$records/api-key"
 # Warren's services as workloads: rolled out, leader elected, Secrets on the cluster only,
 # nothing of Warren's on the host outside a pod; warren-blockd rolled under writing sandboxes.
-WARREN_KUBECONFIG=$kubeconfig "$venv/pytest" -m workloads -rP tests/workloads --junitxml "$results/workloads.xml"
+# --durations: the slowest tests, for keeping the tier's time in check.
+WARREN_KUBECONFIG=$kubeconfig "$venv/pytest" -m workloads -rP --durations=5 tests/workloads \
+  --junitxml "$results/workloads.xml"
 # The control plane's controller on the same cluster, in namespaces of its own.
 WARREN_KUBECONFIG=$kubeconfig WARREN_TEST_IMAGE=$image \
-  packages/warren-control/tests/run-cluster.sh --junitxml "$results/control-cluster.xml"
-"$venv/pytest" -m cluster tests/cluster --junitxml "$results/cluster.xml"
+  packages/warren-control/tests/run-cluster.sh --durations=10 --junitxml "$results/control-cluster.xml"
+"$venv/pytest" -m cluster --durations=15 tests/cluster --junitxml "$results/cluster.xml"
