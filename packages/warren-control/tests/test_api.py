@@ -21,9 +21,10 @@ import pytest
 from api_stack import NAMESPACE, STAMP_KEY, OrgHandle, Stack, StandIn, serve_stack, settings_for
 from sqlalchemy import select
 from warren_control import ids
-from warren_control.api import ORG_LABEL, make_api, scrub
+from warren_control.api import ORG_LABEL, make_api
 from warren_control.identity import HEADER, Identity, sign
 from warren_control.models import IdempotencyRecord, Sandbox, SandboxPhase
+from warren_control.observation import scrub
 from warren_control.podspec import pod_name
 from warren_control.sdk import CannotStart, WaitTimeout, WarrenError
 

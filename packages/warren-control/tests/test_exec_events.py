@@ -6,8 +6,8 @@ from __future__ import annotations
 import base64
 import json
 
+from warren_control.api.sandbox_io import Utf8Lines
 from warren_control.podexec import parse_status
-from warren_control.sandbox_io import Utf8Lines
 
 
 def test_text_split_inside_a_character_is_held_until_it_completes() -> None:

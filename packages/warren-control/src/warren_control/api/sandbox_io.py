@@ -19,27 +19,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from warren_control import agentclient, podexec
-from warren_control.api import (
-    _SCHEMAS,
-    FILE_TIMEOUT_S,
-    ApiError,
-    ApiService,
-    ExecRequest,
-    FilePath,
-    FileWrittenOut,
-    Who,
-    WorkspaceProofOut,
-    _errors,
-    _identity,
-    _Target,
-    unsupported,
-)
+from warren_control.api.errors import ApiError, unsupported
+from warren_control.api.params import FilePath, Who, stamped_identity
+from warren_control.api.service import ApiService, Target
+from warren_control.api.shapes import SCHEMAS, ExecRequest, FileWrittenOut, WorkspaceProofOut, error_responses
 from warren_control.models import utcnow
 from warren_control.observation import scrub
 from warren_control.podspec import CONTAINER
 from warren_control.workspaces import WorkspaceStoreError
 
 log = logging.getLogger(__name__)
+
+FILE_TIMEOUT_S = 120  # a file through Kubernetes exec
 
 
 class Utf8Lines:
@@ -78,16 +69,16 @@ def event_line(event: dict[str, Any]) -> bytes:
 def make_router(api: ApiService) -> APIRouter:  # noqa: PLR0915 (the routes are the surface)
     """The /v1 routes into a running sandbox, sharing the API's service."""
     settings = api.settings
-    router = APIRouter(prefix="/v1", dependencies=[Depends(_identity)], tags=["sandboxes"])
+    router = APIRouter(prefix="/v1", dependencies=[Depends(stamped_identity)], tags=["sandboxes"])
 
     @router.post(
         "/sandboxes/{sandbox_id}/exec",
         responses={
             200: {
                 "description": "Output as it comes, then the exit code: one JSON object a line",
-                "content": {"application/x-ndjson": {"schema": {"$ref": _SCHEMAS + "ExecEventOut"}}},
+                "content": {"application/x-ndjson": {"schema": {"$ref": SCHEMAS + "ExecEventOut"}}},
             },
-            **_errors(400, 401, 404, 409, 413, 503),
+            **error_responses(400, 401, 404, 409, 413, 503),
         },
         response_class=StreamingResponse,
         summary="Run a command in the sandbox, streaming its output",
@@ -173,7 +164,7 @@ def make_router(api: ApiService) -> APIRouter:  # noqa: PLR0915 (the routes are 
             await command.close()
 
     async def kube_outputs(
-        target: _Target, command: list[str], stdin: bytes | None
+        target: Target, command: list[str], stdin: bytes | None
     ) -> AsyncGenerator[tuple[str, bytes] | agentclient.Exit]:
         """The command through Kubernetes exec (a pod without an agent), opened before the
         response starts, so that a pod that went away is a 409 rather than a stream."""
@@ -218,7 +209,7 @@ def make_router(api: ApiService) -> APIRouter:  # noqa: PLR0915 (the routes are 
             raise ApiError(400, "invalid_request", "path must be UTF-8") from exc
         return path
 
-    def run_in_pod(target: _Target, command: list[str], stdin: bytes | None) -> podexec.Completed:
+    def run_in_pod(target: Target, command: list[str], stdin: bytes | None) -> podexec.Completed:
         """A file transfer through Kubernetes exec (a pod without an agent)."""
         try:
             done = podexec.run(
@@ -240,7 +231,7 @@ def make_router(api: ApiService) -> APIRouter:  # noqa: PLR0915 (the routes are 
             raise ApiError(503, "unavailable", "cannot reach the sandbox right now; retry later") from exc
         return done
 
-    def agent_file_failure(refused: agentclient.AgentRefused, target: _Target, path: str) -> ApiError:
+    def agent_file_failure(refused: agentclient.AgentRefused, target: Target, path: str) -> ApiError:
         said = scrub(refused.message, *target.names)[:2000]
         if refused.status == httpx.codes.NOT_FOUND:
             return ApiError(404, "file_not_found", f"{path}: {said}")
@@ -248,7 +239,7 @@ def make_router(api: ApiService) -> APIRouter:  # noqa: PLR0915 (the routes are 
             return ApiError(413, "too_large", f"files larger than {settings.max_file_bytes} bytes")
         return ApiError(400, "file_error", f"{path}: {said}")
 
-    def file_failure(done: podexec.Completed, target: _Target, path: str) -> ApiError:
+    def file_failure(done: podexec.Completed, target: Target, path: str) -> ApiError:
         said = done.stderr.decode("utf-8", "replace").strip() or (done.status.error or "")
         said = scrub(said, *target.names)
         if "No such file" in said or "not found" in said.lower():
@@ -258,7 +249,7 @@ def make_router(api: ApiService) -> APIRouter:  # noqa: PLR0915 (the routes are 
     @router.get(
         "/sandboxes/{sandbox_id}/workspace",
         response_model=WorkspaceProofOut,
-        responses=_errors(400, 401, 404, 409, 503),
+        responses=error_responses(400, 401, 404, 409, 503),
         summary="What object storage proves about the sandbox's workspace",
     )
     def workspace_proof(sandbox_id: str, who: Who) -> Response:
@@ -293,7 +284,7 @@ def make_router(api: ApiService) -> APIRouter:  # noqa: PLR0915 (the routes are 
         "/sandboxes/{sandbox_id}/files",
         responses={
             200: {"description": "The file's bytes", "content": {"application/octet-stream": {}}},
-            **_errors(400, 401, 404, 409, 413, 503),
+            **error_responses(400, 401, 404, 409, 413, 503),
         },
         response_class=Response,
         summary="Read a file from the sandbox",
@@ -320,7 +311,7 @@ def make_router(api: ApiService) -> APIRouter:  # noqa: PLR0915 (the routes are 
     @router.put(
         "/sandboxes/{sandbox_id}/files",
         response_model=FileWrittenOut,
-        responses=_errors(400, 401, 404, 409, 413, 503),
+        responses=error_responses(400, 401, 404, 409, 413, 503),
         openapi_extra={
             "requestBody": {
                 "required": True,

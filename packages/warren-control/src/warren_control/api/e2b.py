@@ -40,15 +40,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from warren_control import agentclient, ids, keys, store
-from warren_control.api import (
-    ApiError,
-    ApiService,
-    ClusterError,
-    CreateSandboxRequest,
-    IdempotencyKey,
-    Who,
-    WorkspaceRequest,
-)
+from warren_control.api.errors import ApiError, ClusterError
+from warren_control.api.params import IdempotencyKey, Who
+from warren_control.api.service import ApiService
+from warren_control.api.shapes import CreateSandboxRequest, WorkspaceRequest
 from warren_control.identity import Identity
 from warren_control.models import Sandbox, SandboxPhase, Snapshot, utcnow
 from warren_control.observation import scrub

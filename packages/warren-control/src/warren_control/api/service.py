@@ -1,0 +1,523 @@
+"""What the routes do, apart from HTTP: the service both surfaces (/v1 and E2B's) share."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import anyio
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from warren_control import agentclient, ids, keys, store
+from warren_control.api.cluster import Cluster, org_hash, resource_for
+from warren_control.api.errors import ApiError, ClusterError, not_found, unsupported
+from warren_control.api.shapes import RUNTIME, CreateSandboxRequest, WorkspaceRequest
+from warren_control.db import make_engine, session_factory
+from warren_control.identity import Identity
+from warren_control.kube import Kube, Obj
+from warren_control.models import (
+    IdempotencyRecord,
+    Organization,
+    Sandbox,
+    SandboxPhase,
+    Snapshot,
+    User,
+    utcnow,
+)
+from warren_control.observation import converge, scrub
+from warren_control.podspec import (
+    AGENT_CONTAINER,
+    pod_name,
+)
+from warren_control.templates import Template
+from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore
+
+log = logging.getLogger(__name__)
+
+
+DEFAULT_NAMESPACE = "warren-sandboxes"
+DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
+SANDBOX_ID = re.compile(r"sbx_[a-z2-7]{26}")
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """What one API deployment is: its records, its stamp key, its cluster and what it can do.
+
+    `kube` is a connected client; without one, `kubeconfig` names a kubeconfig file, and
+    without that the pod's service account is used (connected on first use, so building
+    the app, e.g. to print the OpenAPI document, needs no cluster).
+    """
+
+    database_url: str
+    stamp_key: bytes
+    kube: Kube | None = None
+    kubeconfig: str | None = None
+    namespace: str = DEFAULT_NAMESPACE
+    gpu_available: bool = False
+    memory_capture: bool = False
+    # The workspace layer (warren-blockd): without it nothing outlives a pod, so sizes,
+    # templates, forks and stops are refused rather than pretended.
+    workspaces: bool = False
+    # The bucket the nodes' blockd replicate to: what it holds is what a node loss spares.
+    workspace_store: WorkspaceStore | None = None
+    # How long a deleted sandbox's workspace stays in storage, still usable as a template.
+    workspace_retention_s: float = DEFAULT_RETENTION_S
+    # Reads converge the record from the Sandbox resource's status (what the controller
+    # observed), so a reader sees what runs even where no status mirror is deployed.
+    read_through: bool = True
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    engine_options: dict[str, Any] | None = None
+    # What the E2B surface's templateID names (e2b.py), and the domain its sandboxes' hosts
+    # are under ({port}-{id}.{domain}; None: the client's own E2B_DOMAIN).
+    templates: Mapping[str, Template] = field(default_factory=dict)
+    sandbox_domain: str | None = None
+    # How long an E2B create, connect or fork waits for its sandboxes to run before it answers
+    # (E2B's SDK uses a sandbox as soon as it has one); 0 answers at once.
+    start_wait_s: float = 50.0
+
+
+# --- the app -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    pod: str
+    names: tuple[str, ...]
+    # The sandbox's agent, when its pod has one: exec and files go through it, and through
+    # Kubernetes exec only where there is none (a pod made before the agent, or without it).
+    agent: agentclient.Agent | None = None
+
+
+class ApiService:
+    """What the routes do, apart from HTTP: Warren's own /v1 routes and the E2B-compatible
+    ones (e2b.py) share it."""
+
+    def __init__(self, settings: ApiSettings) -> None:
+        self.settings = settings
+        options = settings.engine_options
+        if options is None:
+            options = {"pool_size": 20, "max_overflow": 20}
+        self.engine = make_engine(settings.database_url, **options)
+        self.sessions: sessionmaker[Session] = session_factory(self.engine)
+        self.cluster = Cluster(settings)
+        # Exec streams poll their websockets from worker threads of their own, so a
+        # hundred long-running commands cannot starve the ordinary requests' thread pool.
+        self.exec_threads = anyio.CapacityLimiter(256)
+        self.agent_http = agentclient.client()
+
+    # ---- records
+
+    @staticmethod
+    def org_and_user(session: Session, who: Identity) -> tuple[Organization, User]:
+        org = store.get_org(session, who.org)
+        if org is None:
+            raise ApiError(403, "forbidden", "the organization of this identity does not exist")
+        user = store.get_user(session, org.id, who.user) or store.ensure_user(session, org.id, who.user)
+        return org, user
+
+    @staticmethod
+    def find(session: Session, who: Identity, sandbox_id: str) -> Sandbox:
+        if not SANDBOX_ID.fullmatch(sandbox_id):
+            raise not_found(sandbox_id)
+        record = store.get_sandbox(session, who.org, sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        return record
+
+    def public(self, record: Sandbox) -> dict[str, Any]:
+        out = record.public()
+        names = (record.object_name, self.settings.namespace)
+        out["conditions"] = [
+            {
+                **condition,
+                "reason": scrub(str(condition.get("reason") or ""), *names),
+                "message": scrub(str(condition.get("message") or ""), *names),
+            }
+            for condition in out.get("conditions") or []
+        ]
+        return out
+
+    def observe(self, session: Session, record: Sandbox) -> None:
+        if not self.settings.read_through:
+            return
+        try:
+            obj = self.cluster.read(record.object_name)
+        except ClusterError as exc:
+            log.warning("cannot read the cluster, answering from the records: %s", exc)
+            return
+        converge(session, record, obj, self.settings.namespace)
+
+    def observe_page(self, session: Session, org_id: str, records: list[Sandbox]) -> None:
+        if not self.settings.read_through or not records:
+            return
+        try:
+            objects = {o["metadata"]["name"]: o for o in self.cluster.list_org(org_hash(org_id))}
+        except ClusterError as exc:
+            log.warning("cannot list the cluster, answering from the records: %s", exc)
+            return
+        for record in records:
+            converge(session, record, objects.get(record.object_name), self.settings.namespace)
+
+    def check_capabilities(self, body: CreateSandboxRequest) -> None:
+        if body.runtime != RUNTIME:
+            raise unsupported(
+                f"runtime {body.runtime[:64]!r}", f"sandboxes run only under {RUNTIME} on this deployment"
+            )
+        if body.gpu:
+            if not self.settings.gpu_available:
+                raise unsupported("gpu", "this deployment has no GPUs")
+            raise unsupported("gpu", "this version of the controller cannot attach GPUs to a sandbox")
+        if body.memory_capture:
+            if not self.settings.memory_capture:
+                raise unsupported("memory_capture", "memory capture is off on this deployment")
+            raise unsupported("memory_capture", "this version cannot capture a gVisor sandbox's memory")
+        if body.workspace is not None:
+            self.need_workspaces("a workspace size or template")
+
+    def need_workspaces(self, what: str) -> None:
+        if not self.settings.workspaces:
+            raise unsupported(
+                "workspaces", f"{what} needs the workspace layer, which this deployment does not have"
+            )
+
+    def spec(self, body: CreateSandboxRequest, org: Organization) -> dict[str, Any]:
+        idle = body.idle_timeout_s or org.idle_timeout_s
+        lifetime = body.max_lifetime_s or org.max_lifetime_s
+        if idle > org.idle_timeout_s:
+            raise ApiError(
+                403, "forbidden", f"idle_timeout_s may be at most {org.idle_timeout_s} in this organization"
+            )
+        if lifetime > org.max_lifetime_s:
+            raise ApiError(
+                403, "forbidden", f"max_lifetime_s may be at most {org.max_lifetime_s} in this organization"
+            )
+        spec: dict[str, Any] = {
+            "image": body.image,
+            "command": list(body.command) if body.command else None,
+            "cpu_millis": body.cpu_millis,
+            "memory_mib": body.memory_mib,
+            "persistent": body.persistent,
+            "idle_timeout_s": idle,
+            "max_lifetime_s": lifetime,
+            "runtime": RUNTIME,
+            "stopped": False,
+        }
+        if self.settings.workspaces:
+            workspace = body.workspace or WorkspaceRequest()
+            spec["workspace"] = {"size_gib": workspace.size_gib, "template": workspace.template}
+        return spec
+
+    def new_record(self, session: Session, org: Organization, user: User, spec: dict[str, Any]) -> Sandbox:
+        workspace_id = ids.new_workspace_id() if self.settings.workspaces else None
+        return store.create_sandbox(session, org.id, user.id, spec, workspace_id=workspace_id)
+
+    def check_template(self, session: Session, org_id: str, template: str | None) -> None:
+        if template is None:
+            return
+        # A deleted sandbox's workspace stays a template until the retention releases it.
+        retained = utcnow() - timedelta(seconds=self.settings.workspace_retention_s)
+        found = session.scalars(
+            select(Sandbox.id).where(
+                Sandbox.org_id == org_id,
+                Sandbox.workspace_id == template,
+                or_(
+                    Sandbox.deleted_at.is_(None),
+                    and_(Sandbox.deleted_at > retained, Sandbox.workspace_released_at.is_(None)),
+                ),
+            )
+        ).first()
+        if found is None:  # or a snapshot's
+            found = session.scalars(
+                select(Snapshot.id).where(Snapshot.org_id == org_id, Snapshot.workspace_id == template)
+            ).first()
+        if found is None:
+            raise ApiError(404, "not_found", f"no workspace {template!r} in this organization")
+
+    # ---- idempotency
+
+    def run(
+        self, who: Identity, key: str | None, fingerprint: str, action: Callable[[Session], tuple[int, Any]]
+    ) -> tuple[int, Any, bool]:
+        if key is None:
+            with self.sessions.begin() as session:
+                status, response = action(session)
+            return status, response, False
+        try:
+            answer, replayed = store.run_idempotent(self.sessions, who.org, key, fingerprint, action)
+        except store.IdempotencyConflict as exc:
+            raise ApiError(422, "idempotency_conflict", str(exc)) from exc
+        return answer.status_code, answer.response, replayed
+
+    def restate(self, org_id: str, key: str | None, status: int | None, response: Any) -> None:
+        """Change (or with status None, forget) the answer stored for an idempotency key."""
+        if key is None:
+            return
+        with self.sessions.begin() as session:
+            record = session.get(IdempotencyRecord, (org_id, key))
+            if record is None:
+                return
+            if status is None:
+                session.delete(record)
+            else:
+                record.status_code = status
+                record.response = response
+
+    # ---- writing resources
+
+    def write_resource(self, record: Sandbox) -> str | None:
+        """Create the record's Sandbox resource; on failure, withdraw the record (and any
+        resource a timed-out create may have left) and return why."""
+        try:
+            self.cluster.create(resource_for(record, self.settings.namespace, self.settings.stamp_key))
+        except ClusterError as exc:
+            log.warning("creating the Sandbox resource failed: %s", exc)
+            try:
+                self.cluster.delete(record.object_name)
+            except ClusterError:
+                log.warning("could not clean up after the failed create; the mirror will")
+            with self.sessions.begin() as session:
+                again = session.get(Sandbox, record.id)
+                if again is not None:
+                    condition = {
+                        "type": "Ready",
+                        "status": "False",
+                        "reason": "ClusterRefused",
+                        "message": scrub(str(exc), record.object_name, self.settings.namespace),
+                        "last_transition_time": utcnow().isoformat(),
+                    }
+                    store.set_phase(session, again, SandboxPhase.DELETED, conditions=[condition])
+            if exc.status in {400, 422}:
+                return "invalid_request:" + scrub(str(exc), record.object_name, self.settings.namespace)
+            return "unavailable:the cluster did not accept the sandbox; retry later"
+        return None
+
+    def object_name(self, who: Identity, sandbox_id: str) -> str:
+        with self.sessions() as session:
+            return self.find(session, who, sandbox_id).object_name
+
+    def running_pod(self, object_name: str) -> tuple[str, str, Obj]:
+        """The running pod of a Sandbox resource: (its name, the Sandbox's uid, the pod);
+        409 not_running otherwise."""
+        # The cluster decides, not the record (which may not have caught up yet).
+        obj = self.cluster.read(object_name)
+        meta = (obj or {}).get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if obj is None or not uid or meta.get("deletionTimestamp") or (obj.get("spec") or {}).get("stopped"):
+            raise ApiError(409, "not_running", "the sandbox is not running (stopped, or being deleted)")
+        name = pod_name(uid)
+        pod = self.cluster.read_pod(name)
+        running = (
+            pod is not None
+            and not (pod.get("metadata") or {}).get("deletionTimestamp")
+            and (pod.get("status") or {}).get("phase") == "Running"
+        )
+        if pod is None or not running:
+            raise ApiError(409, "not_running", "the sandbox is not running yet (or any more)")
+        return name, uid, pod
+
+    def target(self, who: Identity, sandbox_id: str) -> Target:
+        """The running pod of a sandbox, for exec and files; touches its idle timer."""
+        with self.sessions.begin() as session:
+            object_name = self.find(session, who, sandbox_id).object_name
+        name, uid, pod = self.running_pod(object_name)
+        with self.sessions.begin() as session:
+            store.keep_alive(session, who.org, sandbox_id)
+        agent = self.agent_in(pod, sandbox_id)
+        return Target(pod=name, names=(name, object_name, uid, self.settings.namespace), agent=agent)
+
+    def agent_in(self, pod: Obj, sandbox_id: str) -> agentclient.Agent | None:
+        """The agent of a sandbox's running pod, if the pod has one (its init container)."""
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        has_agent = any(c.get("name") == AGENT_CONTAINER for c in spec.get("initContainers") or [])
+        if not has_agent or not status.get("podIP"):
+            return None
+        return agentclient.Agent(str(status["podIP"]), keys.agent_token(self.settings.stamp_key, sandbox_id))
+
+    def agent_address(self, sandbox_id: str, org: str | None = None) -> tuple[str, str]:
+        """Where a sandbox's pod is and which organization owns it, for the edge to route
+        sandbox traffic; any organization's sandbox (the edge has checked the sandbox's own
+        token), or only `org`'s when the edge was shown that organization's key: another's
+        is not found before anything else is said of it. Traffic is activity: the idle timer
+        restarts."""
+        with self.sessions.begin() as session:
+            record = session.get(Sandbox, sandbox_id) if SANDBOX_ID.fullmatch(sandbox_id) else None
+            if record is None or record.deleted_at is not None or org not in (None, record.org_id):
+                raise not_found(sandbox_id)
+            object_name, owner = record.object_name, record.org_id
+            record.touch()
+        _, _, pod = self.running_pod(object_name)
+        address = (pod.get("status") or {}).get("podIP")
+        if not address:
+            raise ApiError(409, "not_running", "the sandbox has no address yet")
+        return str(address), owner
+
+    # ---- the operations both surfaces offer
+
+    def create(
+        self,
+        who: Identity,
+        body: CreateSandboxRequest,
+        key: str | None,
+        *,
+        route: str = "/v1/sandboxes",
+        extra: dict[str, Any] | None = None,
+    ) -> tuple[int, Any, bool]:
+        """Record a sandbox and write its resource: (status, the record as /v1 shows it,
+        whether it was a replay). `extra` joins the spec (the E2B surface's metadata, env,
+        template name and lifetime)."""
+        self.check_capabilities(body)
+        made: list[Sandbox] = []
+
+        def action(session: Session) -> tuple[int, Any]:
+            org, user = self.org_and_user(session, who)
+            spec = self.spec(body, org)
+            if extra:
+                spec.update(extra)
+                check_lifetime(org, int(spec["max_lifetime_s"]))
+            self.check_template(session, org.id, body.workspace.template if body.workspace else None)
+            try:
+                record = self.new_record(session, org, user, spec)
+            except store.QuotaExceeded as exc:
+                raise ApiError(403, "quota_exceeded", str(exc)) from exc
+            except store.PersistenceNotAllowedError as exc:
+                raise ApiError(403, "forbidden", str(exc)) from exc
+            made.append(record)
+            return 201, self.public(record)
+
+        request = {"user": who.user, "body": body.model_dump(mode="json")}
+        if extra:
+            request["extra"] = extra
+        fingerprint = store.request_hash("POST", route, request)
+        status, response, replayed = store_errors(lambda: self.run(who, key, fingerprint, action))
+        if made and not replayed:
+            failure = self.write_resource(made[0])
+            if failure is not None:
+                self.restate(who.org, key, None, None)  # a retry with the same key may act again
+                code, message = failure.split(":", 1)
+                raise ApiError(400 if code == "invalid_request" else 503, code, message)
+        return status, response, replayed
+
+    def delete(self, who: Identity, sandbox_id: str) -> dict[str, Any]:
+        """Delete a sandbox (Terminating until its resource is gone); the record as /v1 shows it."""
+        with self.sessions.begin() as session:
+            record = self.find(session, who, sandbox_id)
+            if not record.being_deleted:
+                store.begin_delete(session, record)
+            object_name = record.object_name
+        # Terminating until the resource is gone: its pod may still hold what the quota counts.
+        self.cluster.delete(object_name)
+        obj = self.cluster.read(object_name)
+        with self.sessions.begin() as session:
+            record = self.find(session, who, sandbox_id)
+            if obj is None:
+                store.set_phase(session, record, SandboxPhase.DELETED)
+            else:
+                converge(session, record, obj, self.settings.namespace)
+            return self.public(record)
+
+    def fork(
+        self,
+        who: Identity,
+        sandbox_id: str,
+        count: int,
+        key: str | None,
+        *,
+        route: str | None = None,
+        lifetime_s: int | None = None,
+    ) -> tuple[int, Any, bool]:
+        """Fork a sandbox's workspace into `count` new sandboxes, each succeeding or failing
+        on its own: (status, {"results": [...]}, whether it was a replay). `lifetime_s`
+        gives the children a lifetime of their own (from now) instead of their parent's."""
+        self.need_workspaces("a fork")
+        made: list[tuple[int, Sandbox]] = []
+
+        def action(session: Session) -> tuple[int, Any]:
+            org, user = self.org_and_user(session, who)
+            parent = self.find(session, who, sandbox_id)
+            if parent.being_deleted:
+                raise ApiError(409, "conflict", "the sandbox is being deleted")
+            if not parent.workspace_id:
+                raise ApiError(409, "conflict", "the sandbox has no workspace to fork")
+            spec = {
+                **parent.spec,
+                "stopped": False,
+                "workspace": {
+                    "size_gib": (parent.spec.get("workspace") or {}).get("size_gib", 10),
+                    "template": None,
+                    "fork_of": parent.workspace_id,
+                },
+                "forked_from": parent.id,
+            }
+            if lifetime_s is not None:
+                check_lifetime(org, lifetime_s)
+                spec["max_lifetime_s"] = lifetime_s
+            results: list[dict[str, Any]] = []
+            for index in range(count):
+                try:
+                    child = self.new_record(session, org, user, spec)
+                except store.QuotaExceeded as exc:
+                    results.append({"ok": False, "error": "quota_exceeded", "message": str(exc)})
+                    continue
+                except store.PersistenceNotAllowedError as exc:
+                    results.append({"ok": False, "error": "forbidden", "message": str(exc)})
+                    continue
+                made.append((index, child))
+                results.append({"ok": True, "sandbox": self.public(child)})
+            return 200, {"results": results}
+
+        request: dict[str, Any] = {"user": who.user, "count": count}
+        if lifetime_s is not None:
+            request["lifetime_s"] = lifetime_s
+        fingerprint = store.request_hash("POST", route or f"/v1/sandboxes/{sandbox_id}/fork", request)
+        status, response, replayed = store_errors(lambda: self.run(who, key, fingerprint, action))
+        changed = False
+        for index, child in [] if replayed else made:
+            failure = self.write_resource(child)
+            if failure is not None:
+                code, message = failure.split(":", 1)
+                response["results"][index] = {"ok": False, "error": code, "message": message}
+                changed = True
+        if changed:
+            self.restate(who.org, key, status, response)
+        return status, response, replayed
+
+    def set_stopped(self, who: Identity, sandbox_id: str, stopped: bool) -> dict[str, Any]:
+        """Stop a sandbox (its processes end, its workspace stays) or start it again; the
+        record as /v1 shows it."""
+        with self.sessions() as session:
+            object_name = self.find(session, who, sandbox_id).object_name
+        # The resource says whether it is being deleted (the record's Terminating may only
+        # mean a stopping pod).
+        obj = self.cluster.read(object_name)
+        if obj is not None and (obj.get("metadata") or {}).get("deletionTimestamp"):
+            raise ApiError(409, "conflict", "the sandbox is being deleted")
+        if obj is None or self.cluster.patch(object_name, {"spec": {"stopped": stopped}}) is None:
+            raise ApiError(409, "conflict", "the cluster holds nothing for this sandbox")
+        with self.sessions.begin() as session:
+            record = self.find(session, who, sandbox_id)
+            record.spec = {**record.spec, "stopped": stopped}
+            if not stopped:
+                record.touch()  # starting is activity, and restarts a timer the reaper paused
+            session.flush()
+            return self.public(record)
+
+
+def check_lifetime(org: Organization, seconds: int) -> None:
+    if seconds > org.max_lifetime_s:
+        limit = org.max_lifetime_s
+        raise ApiError(403, "forbidden", f"a lifetime may be at most {limit} s in this organization")
+
+
+def store_errors(call: Callable[[], tuple[int, Any, bool]]) -> tuple[int, Any, bool]:
+    try:
+        return call()
+    except store.OrgNotFoundError as exc:
+        raise ApiError(403, "forbidden", "the organization of this identity does not exist") from exc
+    except store.InvalidSpecError as exc:
+        raise ApiError(400, "invalid_request", str(exc)) from exc

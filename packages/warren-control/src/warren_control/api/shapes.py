@@ -1,0 +1,207 @@
+"""The API's request and response shapes (pydantic), and how its error answers are documented."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+RUNTIME = "gvisor"
+MAX_FORK = 100
+MAX_EXEC_TIMEOUT_S = 3600
+WORKSPACE_ID = r"^ws_[a-z2-7]{26}$"
+SCHEMAS = "#/components/schemas/"
+
+
+def _utf8(value: str) -> str:
+    # A lone surrogate survives JSON decoding but no database or exec call can carry it.
+    value.encode("utf-8")
+    if "\x00" in value:
+        raise ValueError("must not contain NUL")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+Arg = Annotated[Text, Field(max_length=8192)]
+
+
+class Strict(BaseModel):
+    # Unknown fields are refused: a misspelt option must not be silently dropped.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class WorkspaceRequest(Strict):
+    size_gib: int = Field(default=10, ge=1, le=4096, description="Size of the workspace in GiB.")
+    template: str | None = Field(
+        default=None,
+        pattern=WORKSPACE_ID,
+        description="A workspace of this organization (a sandbox's workspace_id) to start from.",
+    )
+
+
+class CreateSandboxRequest(Strict):
+    image: str = Field(
+        min_length=1, max_length=512, pattern=r"^[\x21-\x7e]+$", description="OCI image reference."
+    )
+    command: list[Arg] | None = Field(default=None, min_length=1, max_length=256)
+    cpu_millis: int = Field(default=1000, ge=10, le=256_000, description="CPU in thousandths of a core.")
+    memory_mib: int = Field(default=1024, ge=64, le=1_048_576, description="Memory in MiB.")
+    persistent: bool = Field(default=False, description="Exempt from the idle timeout (if the org may).")
+    idle_timeout_s: int | None = Field(
+        default=None, ge=60, description="Stop after this long without activity (the org's limit at most)."
+    )
+    max_lifetime_s: int | None = Field(
+        default=None, ge=60, description="Delete this long after creation (the org's limit at most)."
+    )
+    workspace: WorkspaceRequest | None = None
+    runtime: Text = Field(default=RUNTIME, max_length=64, description="Only gvisor.")
+    gpu: int = Field(default=0, ge=0, le=64, description="GPUs; refused where the deployment has none.")
+    memory_capture: bool = Field(
+        default=False, description="Capture memory on stop; refused where the deployment cannot."
+    )
+
+
+class ForkRequest(Strict):
+    count: int = Field(default=1, ge=1, le=MAX_FORK)
+
+
+class StopRequest(Strict):
+    memory_capture: bool = False
+
+
+class ExecRequest(Strict):
+    command: list[Arg] = Field(min_length=1, max_length=256)
+    timeout_s: int = Field(default=60, ge=1, le=MAX_EXEC_TIMEOUT_S)
+    stdin_base64: str | None = Field(
+        default=None,
+        description="Bytes for the command's standard input (base64), closed after them; "
+        "without it the command's stdin is empty.",
+    )
+
+
+Phase = Literal["Pending", "Running", "Stopped", "Failed", "Terminating", "Deleted"]
+
+
+class ErrorOut(BaseModel):
+    error: str
+    message: str
+
+
+class WorkspaceOut(BaseModel):
+    size_gib: int
+    template: str | None = None
+    fork_of: str | None = None
+
+
+class SpecOut(BaseModel):
+    image: str
+    command: list[str] | None = None
+    cpu_millis: int
+    memory_mib: int
+    persistent: bool
+    idle_timeout_s: int
+    max_lifetime_s: int
+    runtime: str
+    stopped: bool = False
+    workspace: WorkspaceOut | None = None
+    forked_from: str | None = None
+
+
+class ConditionOut(BaseModel):
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+
+
+class LocationOut(BaseModel):
+    """Where the sandbox runs, as coarse as the cluster's topology labels: never a node."""
+
+    zone: str | None = None
+    region: str | None = None
+
+
+class SandboxOut(BaseModel):
+    id: str
+    phase: Phase
+    spec: SpecOut
+    conditions: list[ConditionOut]
+    workspace_id: str | None
+    created_at: datetime
+    started_at: datetime | None
+    last_activity_at: datetime
+    idle_deadline_at: datetime | None = Field(
+        description="When the reaper acts if nothing happens: deletes it, or stops a persistent one"
+    )
+    expires_at: datetime = Field(description="The hard lifetime: the reaper deletes it then")
+    deleted_at: datetime | None
+    location: LocationOut | None
+
+
+class PageOut(BaseModel):
+    items: list[SandboxOut]
+    next_cursor: str | None
+
+
+class ForkResultOut(BaseModel):
+    ok: bool
+    sandbox: SandboxOut | None = None
+    error: str | None = None
+    message: str | None = None
+
+
+class ForkOut(BaseModel):
+    results: list[ForkResultOut]
+
+
+class WorkspaceProofOut(BaseModel):
+    """What object storage proves about a sandbox's workspace, read from storage now."""
+
+    workspace_id: str
+    replicated_sequence: int | None = Field(
+        description=(
+            "The newest batch of workspace writes confirmed in object storage (a `replicated` "
+            "receipt names such a number; 0: none since the workspace was made or forked; null: "
+            "the workspace is not in storage yet). Every write at or below it survives the loss "
+            "of the node the sandbox runs on."
+        )
+    )
+    checked_at: datetime
+
+
+class FileWrittenOut(BaseModel):
+    path: str
+    size: int
+
+
+class ExecEventOut(BaseModel):
+    """One line of an exec stream: output (`stream` with `text`, or `base64` for bytes that
+    are not UTF-8), then one last line with `exit_code` (null with `error` if the command
+    could not run, timed out or the connection was lost)."""
+
+    stream: Literal["stdout", "stderr"] | None = None
+    text: str | None = None
+    base64: str | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    message: str | None = None
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    described = {
+        400: "Invalid request, or a capability this deployment cannot provide",
+        401: "Missing or invalid identity",
+        403: "Forbidden by policy or quota",
+        404: "No such sandbox in this organization",
+        409: "The sandbox is not in a state that allows this",
+        413: "Too large",
+        422: "Idempotency key reused with a different request",
+        503: "The cluster is unavailable",
+    }
+    return {code: {"model": ErrorOut, "description": described[code]} for code in codes}
+
+
+def error_content() -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}}
