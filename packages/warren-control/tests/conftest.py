@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from localservers import free_port
 from sqlalchemy import create_engine, text
 
 # --- PostgreSQL --------------------------------------------------------------------------------
@@ -42,12 +42,6 @@ def _postgres_bindir() -> Path | None:
     return versions[-1].parent if versions else None
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class PostgresServer:
     """One throw-away cluster: trust authentication on a Unix socket only, no durability (fsync
     off) because nothing here outlives the test run."""
@@ -59,7 +53,7 @@ class PostgresServer:
         self.root = Path(tempfile.mkdtemp(prefix="warren-pg-"))
         self.data = self.root / "data"
         self.socket_dir = self.root / "socket"
-        self.port = _free_port()
+        self.port = free_port()
         self._as_root = os.geteuid() == 0
 
     def _run(self, *argv: str) -> None:

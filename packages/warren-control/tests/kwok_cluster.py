@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from typing import Any, cast
 import yaml
 from k8s_helpers import Controller, controller_kubeconfig, sandbox_body, wait_for
 from kubernetes import client, config, watch
+from localservers import free_port
 from warren_control.controller import ControllerOptions
 from warren_control.kube import ApiException, Kube, Obj
 from warren_control.podspec import FINALIZER, GROUP, PLURAL, VERSION
@@ -61,12 +61,6 @@ NODE_IP = "127.0.0.1"
 POD_NETWORK = ipaddress.ip_network("10.64.0.0/10")
 START_TIMEOUT = 120.0
 PR_SET_PDEATHSIG = 1
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def missing_binaries(bin_dir: Path) -> list[str]:

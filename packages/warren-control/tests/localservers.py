@@ -28,6 +28,13 @@ from warren_control.identity import Identity, add_identity_error_handler, requir
 AUDIENCE = "warren-api"
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now (the OS's pick)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @contextmanager
 def serve_asgi(app: ASGIApp) -> Iterator[str]:
     """Serve `app` with uvicorn on 127.0.0.1 in a thread; yield its base URL."""

@@ -4,7 +4,6 @@ docs/), and the sandbox commands against the API behind the real edge."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from api_stack import Stack
+from localservers import free_port
 from warren_control import cli, store
 from warren_control.api import document
 from warren_control.db import make_engine, session_factory
@@ -179,12 +179,6 @@ def test_refusals_exit_non_zero_with_the_code(stack: Stack, capsys: pytest.Captu
     assert "unauthenticated" in err
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _until_up(url: str, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -202,7 +196,7 @@ def test_serve_runs_the_api_behind_the_edge(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'records.db'}"
     key_file = tmp_path / "stamp.key"
     key_file.write_bytes(b"x" * 48 + b"\n")
-    api_port, edge_port = _free_port(), _free_port()
+    api_port, edge_port = free_port(), free_port()
     common = ["--database-url", url, "--stamp-key-file", str(key_file)]
     program = [sys.executable, "-m", "warren_control.cli", "serve"]
     api = subprocess.Popen([*program, "--role", "api", "--port", str(api_port), "--migrate", *common])

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from e2b import Sandbox
+from localservers import free_port
 from test_e2b_api import (  # noqa: F401 (fixtures, used by name)
     agent_binary,
     e2b_stack,
@@ -170,12 +170,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 # --- the edge with TLS, as the operator runs it ---------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def tls_edge(
     e2b_stack: Stack,  # noqa: F811
@@ -184,7 +178,7 @@ def tls_edge(
 ) -> Iterator[str]:
     """`warren-control serve --role edge` with the wildcard certificate, in front of the same
     API and records as e2b_stack; its https:// URL on loopback."""
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable,
         "-m",
