@@ -128,6 +128,9 @@ def test_a_restarted_daemon_leaves_a_loop_device_that_took_its_recorded_number_a
     subprocess.run(["umount", "-l", str(tmp_path / "mnt")], check=True)
     if loopdev.backing_file(device) == backing:  # no autoclear: what the operator does
         subprocess.run(["losetup", "-d", device], check=True)
+    # A lazily unmounted filesystem lets go of its device a moment later, and `losetup -d` on a
+    # device still in use only marks it for release: wait for the number to be free.
+    until(lambda: loopdev.backing_file(device) != backing, 10, f"{device} to be detached")
     assert '"loop"' in (a.state / "node" / "workspaces" / "ws" / "mount.json").read_text()
     foreign = tmp_path / "foreign.img"
     foreign.write_bytes(bytes(MIB))
