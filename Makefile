@@ -10,6 +10,7 @@ export WARREN_CACHE ?= $(HOME)/.cache/warren
 BLOCKD := packages/warren-blockd
 CONTROL := packages/warren-control
 FORKD := packages/warren-forkd
+COMMON := packages/warren-common
 PULUMI := components
 
 ## The host packages the build, the node and the tests use (apt, as root), and the toolchains'
@@ -26,8 +27,8 @@ $(VENV)/.installed: pyproject.toml
 
 # `warren control-plane` and `warren sandbox` run the control plane's own code, so this
 # environment holds warren-control too (its pins agree with the warren package's).
-$(VENV)/.control-installed: $(VENV)/.installed $(CONTROL)/pyproject.toml
-	$(BIN)/pip install --quiet -e '$(CONTROL)'
+$(VENV)/.control-installed: $(VENV)/.installed $(CONTROL)/pyproject.toml $(COMMON)/pyproject.toml
+	$(BIN)/pip install --quiet -e '$(COMMON)' -e '$(CONTROL)'
 	touch $@
 
 ## Build (or reuse from $(WARREN_CACHE)) etcd, Kubernetes and kwok from the pins in tools/.
@@ -129,6 +130,7 @@ lint: venv
 
 unit: venv
 	$(BIN)/pytest tests/unit
+	cd $(COMMON) && $(CURDIR)/$(BIN)/mypy && $(CURDIR)/$(BIN)/pytest
 
 # Warren's roles applied to this machine with ansible-playbook (as root), each against
 # temporary directories and ports, its services under Warren's supervisor.
@@ -138,9 +140,9 @@ ansible-test: venv
 # Each package has its own environment: boto3's and kubernetes' pins cannot share one.
 # blockd's CSI stubs are generated here (git-ignored) from the .proto files of the Go
 # modules the pinned Kubernetes uses.
-$(BLOCKD)/.venv/.installed: $(BLOCKD)/pyproject.toml tools/blockd-protos.sh tools/kubernetes/go.mod
+$(BLOCKD)/.venv/.installed: $(BLOCKD)/pyproject.toml $(COMMON)/pyproject.toml tools/blockd-protos.sh tools/kubernetes/go.mod
 	$(PYTHON) -m venv $(BLOCKD)/.venv
-	$(BLOCKD)/.venv/bin/pip install --quiet -e '$(BLOCKD)[test,codegen]'
+	$(BLOCKD)/.venv/bin/pip install --quiet -e '$(COMMON)' -e '$(BLOCKD)[test,codegen]'
 	tools/blockd-protos.sh $(BLOCKD)/.venv/bin/python
 	touch $@
 
@@ -149,9 +151,9 @@ blockd: $(BLOCKD)/.venv/.installed
 
 # warren-forkd: the daemon (HTTP on a unix socket) that boots a QEMU microVM template (TCG
 # here), snapshots it and branches children that share its memory copy-on-write.
-$(FORKD)/.venv/.installed: $(FORKD)/pyproject.toml
+$(FORKD)/.venv/.installed: $(FORKD)/pyproject.toml $(COMMON)/pyproject.toml
 	$(PYTHON) -m venv $(FORKD)/.venv
-	$(FORKD)/.venv/bin/pip install --quiet -e '$(FORKD)[test]'
+	$(FORKD)/.venv/bin/pip install --quiet -e '$(COMMON)' -e '$(FORKD)[test]'
 	touch $@
 
 .PHONY: forkd
@@ -176,9 +178,9 @@ agent: $(AGENT)/.venv/.installed
 	cd $(AGENT) && $(AGENT_GO) go build -trimpath -ldflags "-s -w" -o bin/agent .
 	cd $(AGENT) && WARREN_AGENT_BIN=$(CURDIR)/$(AGENT)/bin/agent .venv/bin/pytest
 
-$(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml
+$(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml $(COMMON)/pyproject.toml
 	$(PYTHON) -m venv $(CONTROL)/.venv
-	$(CONTROL)/.venv/bin/pip install --quiet -e '$(CONTROL)[test]'
+	$(CONTROL)/.venv/bin/pip install --quiet -e '$(COMMON)[test]' -e '$(CONTROL)[test]'
 	touch $@
 
 # The controller's tests against a live cluster run in the cluster tier (tests/cluster/run.sh);
@@ -197,9 +199,9 @@ cluster-test: venv $(CONTROL)/.venv/.installed $(BLOCKD)/.venv/.installed
 # The Pulumi side (components/, infra/, policy/) has an environment of its own: the Pulumi SDKs
 # (pinned in components/pyproject.toml) beside the warren package, which WarrenPlatform renders
 # with. infra/Pulumi.yaml and policy/PulumiPolicy.yaml name this environment too.
-$(PULUMI)/.venv/.installed: pyproject.toml $(PULUMI)/pyproject.toml
+$(PULUMI)/.venv/.installed: pyproject.toml $(PULUMI)/pyproject.toml $(COMMON)/pyproject.toml
 	$(PYTHON) -m venv $(PULUMI)/.venv
-	$(PULUMI)/.venv/bin/pip install --quiet -e . -e '$(PULUMI)[policy,test]'
+	$(PULUMI)/.venv/bin/pip install --quiet -e . -e '$(COMMON)' -e '$(PULUMI)[policy,test]'
 	touch $@
 
 # Unit tests with Pulumi's mocks (no CLI, no cloud, no cluster) and the policy pack's rules.

