@@ -74,7 +74,7 @@ down: venv
 # keeps every tier's log; the end prints each tier's time and result, and a failed tier's
 # last lines again.
 TIERS_CLUSTER := cluster-test bundle-test hosts-test
-TIERS_REST := bundle lint unit pulumi-unit pulumi-test blockd forkd agent control ansible-test images-test scale
+TIERS_REST := bundle check pulumi-unit pulumi-test blockd forkd agent control ansible-test images-test scale
 TIER_LOGS := test-results/tiers
 ENVS := $(VENV)/.installed $(VENV)/.control-installed $(BLOCKD)/.venv/.installed $(CONTROL)/.venv/.installed \
   $(FORKD)/.venv/.installed $(PULUMI)/.venv/.installed
@@ -106,7 +106,7 @@ builds: $(ENVS)
 lane-cluster:
 	$(call lane,$(TIERS_CLUSTER),BUNDLE_WAIT=1)
 lane-rest:
-	$(call lane,$(TIERS_REST))
+	$(call lane,$(TIERS_REST),CHECKED=1)
 # A failed tier does not stop its lane: one run reports every tier.
 define lane
 failed=0; \
@@ -121,6 +121,29 @@ for tier in $(1); do \
 done; \
 exit $$failed
 endef
+
+## The fast lane, in a few minutes with no root: lint, types, the unit tests and each
+## package's tests that need no root and start no service (no SeaweedFS, PostgreSQL, QEMU
+## or cluster). Run as root, it drops every capability first, so it proves it needs none.
+NOPRIV := $(if $(filter 0,$(shell id -u)),setpriv --bounding-set=-all --inh-caps=-all --no-new-privs)
+.PHONY: check check-types check-tests
+check: venv $(BLOCKD)/.venv/.installed $(CONTROL)/.venv/.installed $(FORKD)/.venv/.installed
+	$(NOPRIV) $(MAKE) -j2 check-types check-tests
+check-types: lint
+	cd $(BLOCKD) && .venv/bin/mypy
+	cd $(FORKD) && .venv/bin/mypy
+	cd $(CONTROL) && .venv/bin/mypy
+check-tests: unit
+	cd $(BLOCKD) && .venv/bin/pytest -q -m "not root and not integration"
+	cd $(FORKD) && .venv/bin/pytest -q -m "not integration"
+	cd $(CONTROL) && .venv/bin/pytest -q -m "not integration and not cluster and not scale"
+
+# After `make check` (`make test` runs it first, CHECKED=1) a package's tier runs only what
+# the check left out.
+BLOCKD_TESTS := $(if $(CHECKED),-m "root or integration")
+FORKD_TESTS := $(if $(CHECKED),-m integration)
+CONTROL_TESTS := $(if $(CHECKED),-m "integration and not cluster and not scale",-m "not cluster and not scale")
+TYPES = $(if $(CHECKED),true,.venv/bin/mypy)
 
 lint: venv
 	$(BIN)/ruff check src tests packages bench components infra policy agent
@@ -147,7 +170,7 @@ $(BLOCKD)/.venv/.installed: $(BLOCKD)/pyproject.toml $(COMMON)/pyproject.toml to
 	touch $@
 
 blockd: $(BLOCKD)/.venv/.installed
-	cd $(BLOCKD) && .venv/bin/mypy && .venv/bin/pytest
+	cd $(BLOCKD) && $(TYPES) && .venv/bin/pytest $(BLOCKD_TESTS)
 
 # warren-forkd: the daemon (HTTP on a unix socket) that boots a QEMU microVM template (TCG
 # here), snapshots it and branches children that share its memory copy-on-write.
@@ -158,7 +181,7 @@ $(FORKD)/.venv/.installed: $(FORKD)/pyproject.toml $(COMMON)/pyproject.toml
 
 .PHONY: forkd
 forkd: $(FORKD)/.venv/.installed
-	cd $(FORKD) && .venv/bin/mypy && .venv/bin/pytest
+	cd $(FORKD) && $(TYPES) && .venv/bin/pytest $(FORKD_TESTS)
 
 # The in-sandbox agent (agent/, Go, standard library only): a static binary speaking E2B's
 # envd protocol. Its Go tests, then the pinned E2B SDK driving the built binary on a loopback
@@ -186,7 +209,7 @@ $(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml $(COMMON)/pyproject.toml
 # The controller's tests against a live cluster run in the cluster tier (tests/cluster/run.sh);
 # its scale test with kwok nodes runs on its own ($(CONTROL)/tests/run-scale.sh).
 control: $(CONTROL)/.venv/.installed $(BLOCKD)/.venv/.installed
-	cd $(CONTROL) && .venv/bin/mypy && .venv/bin/pytest -m "not cluster and not scale"
+	cd $(CONTROL) && $(TYPES) && .venv/bin/pytest $(CONTROL_TESTS)
 
 # The controller at scale: 1,000 kwok nodes and 5,000 sandboxes to Running and deleted again,
 # on a throw-away control plane of its own (no root, no real node).

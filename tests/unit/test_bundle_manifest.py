@@ -314,7 +314,8 @@ def test_every_daemon_has_its_own_environment() -> None:
     names = [env.name for env in wheels.ENVIRONMENTS]
     assert names == ["warren", "warren-control", "warren-blockd", "warren-forkd"]
     forkd = next(env for env in wheels.ENVIRONMENTS if env.name == "warren-forkd")
-    assert wheels.requirements(REPO, forkd) == ("warren-forkd==0.1.0",)
+    # Its own package and the one every daemon shares, nothing of another daemon's.
+    assert wheels.requirements(REPO, forkd) == ("warren-common==0.1.0", "warren-forkd==0.1.0")
 
 
 def test_the_packages_index_parser_reads_dpkg_scanpackages_output() -> None:

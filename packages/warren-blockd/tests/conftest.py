@@ -18,6 +18,17 @@ from warren_blockd.csi import mounts
 from warren_blockd.testing import BlockdProcess, Weed, make_bucket
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """What a test needs follows from its fixtures: a running daemon needs root, SeaweedFS
+    is a service, so `make check` (no root, no services) can leave them out by marker."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "blockd_factory" in fixtures:
+            item.add_marker(pytest.mark.root)
+        if "seaweedfs" in fixtures:
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(scope="session")
 def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The S3 endpoint of a `weed mini` serving from a temporary directory."""

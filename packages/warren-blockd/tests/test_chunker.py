@@ -298,6 +298,7 @@ def copy_mounts() -> Iterator[Callable[[], Path]]:
 
 
 @needs_e2fsprogs
+@pytest.mark.root
 @pytest.mark.skipif(loop_mount_missing() is not None, reason=loop_mount_missing() or "")
 @pytest.mark.parametrize("copied", [False, True], ids=["alone", "mount-copied-elsewhere"])
 def test_kernel_written_image_round_trips(

@@ -189,6 +189,7 @@ def test_fragmented_file_has_a_deeper_tree(tmp_path: Path) -> None:
     assert depth >= 1 and len(written) > 4
 
 
+@pytest.mark.root
 @pytest.mark.skipif(loop_mount_missing() is not None, reason=loop_mount_missing() or "")
 def test_deep_tree_and_unwritten_extents_from_the_kernel(tmp_path: Path) -> None:
     image = tmp_path / "fs.img"

@@ -247,6 +247,7 @@ def waits_on_fuse(tid: int) -> bool:
         return False
 
 
+@pytest.mark.root
 def test_a_paused_session_keeps_requests_queued_and_another_serves_them(
     device: Device, tmp_path: Path
 ) -> None:
