@@ -75,7 +75,8 @@ class NodeConfig(_Model):
 
 
 class ControlPlaneConfig(_Model):
-    """warren-control as a process of the local deployment (`warren control-plane up`)."""
+    """warren-control as a host service of the local deployment (the control_plane role, when
+    `services.enabled` is off)."""
 
     edge_port: Port = 8080  # the API endpoint clients use, on loopback
     api_port: Port = 8081  # the API behind the edge, loopback only
@@ -94,8 +95,9 @@ BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
 class WorkspacesConfig(_Model):
-    """The workspace layer on the local node (`warren workspaces up`): SeaweedFS as the object
-    store, warren-blockd and its CSI node plugin, so every sandbox has a /workspace that
+    """The workspace layer on the local node as host services (the object_store and blockd
+    roles, when `services.enabled` is off): SeaweedFS as the object store, warren-blockd and
+    its CSI node plugin, so every sandbox has a /workspace that
     forks by manifest and survives its pod."""
 
     enabled: bool = True
