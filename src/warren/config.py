@@ -97,8 +97,8 @@ BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 class WorkspacesConfig(_Model):
     """The workspace layer on the local node as host services (the object_store and blockd
     roles, when `services.enabled` is off): SeaweedFS as the object store, warren-blockd and
-    its CSI node plugin, so every sandbox has a /workspace that
-    forks by manifest and survives its pod."""
+    its CSI node plugin, so every sandbox has a /workspace that forks by manifest and
+    survives its pod."""
 
     enabled: bool = True
     # SeaweedFS listens on loopback from here: master, volume, filer, S3, admin, WebDAV
