@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 from warren_control import store
+from warren_control.api.shapes import SandboxOut
 from warren_control.db import make_engine, session_factory, upgrade
 from warren_control.models import ApiKey, Organization, Sandbox, SandboxPhase, User
 
@@ -24,7 +25,10 @@ SPEC: dict[str, Any] = {
     "cpu_millis": 1000,
     "memory_mib": 1024,
     "persistent": False,
-    "workspace": {"size": "10Gi", "template": None},
+    "idle_timeout_s": 600,
+    "max_lifetime_s": 3600,
+    "runtime": "gvisor",
+    "workspace": {"size_gib": 10, "template": None},
 }
 
 Sessions = sessionmaker[Session]
@@ -194,7 +198,7 @@ def test_sandbox_record(sessions: Sessions) -> None:
         assert sandbox.expires_at == sandbox.created_at + timedelta(hours=1)
         assert sandbox.spec == spec()
         assert store.get_sandbox_by_object_name(session, sandbox.object_name) is not None
-        public = sandbox.public()
+        public = SandboxOut.of(sandbox).doc()
     assert "object_name" not in public
     assert sandbox.object_name not in json.dumps(public)
     assert sandbox.object_name.removeprefix("sandbox-") not in sandbox.id
@@ -305,7 +309,7 @@ def creator(org: Organization, user: User, calls: list[str]) -> Callable[[Sessio
     def action(session: Session) -> tuple[int, Any]:
         sandbox = store.create_sandbox(session, org.id, user.id, spec())
         calls.append(sandbox.id)
-        return 201, sandbox.public()
+        return 201, SandboxOut.of(sandbox).doc()
 
     return action
 

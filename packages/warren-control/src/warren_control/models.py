@@ -199,27 +199,6 @@ class Sandbox(Base):
         idle = int(self.spec.get("idle_timeout_s") or DEFAULT_IDLE_TIMEOUT_S)
         self.idle_deadline_at = self.last_activity_at + timedelta(seconds=idle)
 
-    def public(self) -> dict[str, Any]:
-        """The record as a client may see it: everything but the internal object name."""
-
-        def iso(moment: datetime | None) -> str | None:
-            return None if moment is None else moment.isoformat()
-
-        return {
-            "id": self.id,
-            "phase": self.phase.value,
-            "spec": self.spec,
-            "conditions": self.conditions,
-            "workspace_id": self.workspace_id,
-            "created_at": iso(self.created_at),
-            "started_at": iso(self.started_at),
-            "last_activity_at": iso(self.last_activity_at),
-            "idle_deadline_at": iso(self.idle_deadline_at),
-            "expires_at": iso(self.expires_at),
-            "location": self.location,
-            "deleted_at": iso(self.deleted_at),
-        }
-
 
 class Snapshot(Base):
     """A sandbox's workspace as it stood at one moment, kept under a workspace of its own

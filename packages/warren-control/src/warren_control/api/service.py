@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from warren_control import agentclient, ids, keys, store
 from warren_control.api.cluster import Cluster, org_hash, resource_for
 from warren_control.api.errors import ApiError, ClusterError, not_found, unsupported
-from warren_control.api.shapes import RUNTIME, CreateSandboxRequest, WorkspaceRequest
+from warren_control.api.shapes import RUNTIME, CreateSandboxRequest, SandboxOut, WorkspaceRequest
 from warren_control.db import make_engine, session_factory
 from warren_control.identity import Identity
 from warren_control.kube import Kube, Obj
@@ -131,17 +131,8 @@ class ApiService:
         return record
 
     def public(self, record: Sandbox) -> dict[str, Any]:
-        out = record.public()
-        names = (record.object_name, self.settings.namespace)
-        out["conditions"] = [
-            {
-                **condition,
-                "reason": scrub(str(condition.get("reason") or ""), *names),
-                "message": scrub(str(condition.get("message") or ""), *names),
-            }
-            for condition in out.get("conditions") or []
-        ]
-        return out
+        """What the API answers for a sandbox: its one public shape, checked on the way out."""
+        return SandboxOut.of(record, self.settings.namespace).doc()
 
     def observe(self, session: Session, record: Sandbox) -> None:
         if not self.settings.read_through:

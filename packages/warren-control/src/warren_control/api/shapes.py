@@ -7,6 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from warren_control.models import Sandbox
+from warren_control.observation import scrub
+
 RUNTIME = "gvisor"
 MAX_FORK = 100
 MAX_EXEC_TIMEOUT_S = 3600
@@ -95,6 +98,10 @@ class WorkspaceOut(BaseModel):
 
 
 class SpecOut(BaseModel):
+    # What the sandbox was created with. The E2B surface keeps its own settings here too
+    # (env, metadata, ...): those pass through as they were written.
+    model_config = ConfigDict(extra="allow")
+
     image: str
     command: list[str] | None = None
     cpu_millis: int
@@ -138,6 +145,40 @@ class SandboxOut(BaseModel):
     expires_at: datetime = Field(description="The hard lifetime: the reaper deletes it then")
     deleted_at: datetime | None
     location: LocationOut | None
+
+    @classmethod
+    def of(cls, record: Sandbox, *hide: str) -> SandboxOut:
+        """The record as a client may see it, checked against this shape: never its internal
+        object name; conditions' words scrubbed of `hide` (names of the cluster's, not the
+        client's)."""
+        names = (record.object_name, *hide)
+        return cls(
+            id=record.id,
+            phase=record.phase.value,
+            spec=SpecOut.model_validate(record.spec),
+            conditions=[
+                ConditionOut(
+                    type=str(c.get("type", "")),
+                    status=str(c.get("status", "")),
+                    reason=scrub(str(c.get("reason") or ""), *names),
+                    message=scrub(str(c.get("message") or ""), *names),
+                    last_transition_time=c.get("last_transition_time"),
+                )
+                for c in record.conditions or []
+            ],
+            workspace_id=record.workspace_id,
+            created_at=record.created_at,
+            started_at=record.started_at,
+            last_activity_at=record.last_activity_at,
+            idle_deadline_at=record.idle_deadline_at,
+            expires_at=record.expires_at,
+            deleted_at=record.deleted_at,
+            location=None if record.location is None else LocationOut.model_validate(record.location),
+        )
+
+    def doc(self) -> dict[str, Any]:
+        """As JSON, the way the API answers."""
+        return self.model_dump(mode="json")
 
 
 class PageOut(BaseModel):
