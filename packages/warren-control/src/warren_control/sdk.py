@@ -26,8 +26,12 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import httpx
+from pydantic import ValidationError
 
-Phase = Literal["Pending", "Running", "Stopped", "Failed", "Terminating", "Deleted"]
+from warren_control.api import shapes
+from warren_control.api.shapes import SandboxOut
+
+Phase = shapes.Phase  # the SDK's callers name it from here
 Stream = Literal["stdout", "stderr"]
 
 
@@ -87,26 +91,41 @@ class Sandbox:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Sandbox:
+        """A sandbox as the API answers it, read through the API's own shape (SandboxOut):
+        an answer that does not fit it is refused here, by name, not half-read."""
+        try:
+            out = SandboxOut.model_validate(data)
+        except ValidationError as exc:
+            raise WarrenError(0, "bad_response", f"the API's sandbox does not fit its shape: {exc}") from exc
         return cls(
-            id=str(data["id"]),
-            phase=data["phase"],
-            spec=dict(data.get("spec") or {}),
-            conditions=tuple(
-                Condition(
-                    type=str(c.get("type", "")),
-                    status=str(c.get("status", "")),
-                    reason=str(c.get("reason") or ""),
-                    message=str(c.get("message") or ""),
-                )
-                for c in data.get("conditions") or []
-            ),
-            workspace_id=data.get("workspace_id"),
-            created_at=_time(data.get("created_at")),
-            started_at=_time(data.get("started_at")),
-            last_activity_at=_time(data.get("last_activity_at")),
-            expires_at=_time(data.get("expires_at")),
-            deleted_at=_time(data.get("deleted_at")),
+            id=out.id,
+            phase=out.phase,
+            spec=out.spec.model_dump(mode="json"),
+            conditions=tuple(Condition(c.type, c.status, c.reason, c.message) for c in out.conditions),
+            workspace_id=out.workspace_id,
+            created_at=out.created_at,
+            started_at=out.started_at,
+            last_activity_at=out.last_activity_at,
+            expires_at=out.expires_at,
+            deleted_at=out.deleted_at,
             raw=data,
+        )
+
+    @classmethod
+    def gone(cls, sandbox_id: str) -> Sandbox:
+        """What waiting for a deletion ends with: the API no longer knows the sandbox."""
+        return cls(
+            sandbox_id,
+            "Deleted",
+            {},
+            (),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            {"id": sandbox_id, "phase": "Deleted"},
         )
 
     @property
@@ -446,7 +465,7 @@ class Client:
                 sandbox = self.get(sandbox_id)
             except WarrenError as exc:
                 if phase == "Deleted" and exc.code == "not_found":
-                    return Sandbox.from_json({"id": sandbox_id, "phase": "Deleted"})
+                    return Sandbox.gone(sandbox_id)
                 raise
             seen = (sandbox.phase, sandbox.reason)
             if progress is not None and seen != last:
