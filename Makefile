@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 # `warren control-plane` and `warren sandbox` run the control plane's own code, so this
 # environment holds warren-control too (its pins agree with the warren package's).
 $(VENV)/.control-installed: $(VENV)/.installed $(CONTROL)/pyproject.toml $(COMMON)/pyproject.toml
-	$(BIN)/pip install --quiet -e '$(COMMON)' -e '$(CONTROL)'
+	$(BIN)/pip install --quiet -e '$(COMMON)[kubecluster]' -e '$(CONTROL)'
 	touch $@
 
 ## Build (or reuse from $(WARREN_CACHE)) etcd, Kubernetes and kwok from the pins in tools/.
@@ -203,7 +203,7 @@ agent: $(AGENT)/.venv/.installed
 
 $(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml $(COMMON)/pyproject.toml
 	$(PYTHON) -m venv $(CONTROL)/.venv
-	$(CONTROL)/.venv/bin/pip install --quiet -e '$(COMMON)[test]' -e '$(CONTROL)[test]'
+	$(CONTROL)/.venv/bin/pip install --quiet -e '$(COMMON)[test,kubecluster]' -e '$(CONTROL)[test]'
 	touch $@
 
 # The controller's tests against a live cluster run in the cluster tier (tests/cluster/run.sh);
@@ -224,7 +224,7 @@ cluster-test: venv $(CONTROL)/.venv/.installed $(BLOCKD)/.venv/.installed
 # with. infra/Pulumi.yaml and policy/PulumiPolicy.yaml name this environment too.
 $(PULUMI)/.venv/.installed: pyproject.toml $(PULUMI)/pyproject.toml $(COMMON)/pyproject.toml
 	$(PYTHON) -m venv $(PULUMI)/.venv
-	$(PULUMI)/.venv/bin/pip install --quiet -e . -e '$(COMMON)' -e '$(PULUMI)[policy,test]'
+	$(PULUMI)/.venv/bin/pip install --quiet -e . -e '$(COMMON)[kubecluster]' -e '$(PULUMI)[policy,test]'
 	touch $@
 
 # Unit tests with Pulumi's mocks (no CLI, no cloud, no cluster) and the policy pack's rules.
