@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from warren_control.api import e2b, sandbox_io, sandboxes
 from warren_control.api.errors import ApiError, ClusterError
-from warren_control.api.params import Who
+from warren_control.api.params import Api, Who
 from warren_control.api.service import ApiService, ApiSettings
 from warren_control.api.shapes import ExecEventOut, error_content
 from warren_control.identity import EDGE, add_identity_error_handler, require_identity
@@ -32,8 +32,6 @@ refused with `unsupported_capability` naming the capability."""
 
 def make_api(settings: ApiSettings) -> FastAPI:
     """The API as an ASGI app. The database must be migrated already (db.upgrade)."""
-    api = ApiService(settings)
-
     app = FastAPI(
         title="Warren API",
         version=API_VERSION,
@@ -42,53 +40,20 @@ def make_api(settings: ApiSettings) -> FastAPI:
         redoc_url=None,
     )
     add_identity_error_handler(app)
-    app.state.api = api
+    # The routes find the service here (params.Api), and the stamp's check (params.Who).
+    app.state.api = ApiService(settings)
     app.state.identity = require_identity(settings.stamp_key)
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(ClusterError, cluster_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http_error)
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: Exception) -> Response:
-        return exc.response() if isinstance(exc, ApiError) else _internal()
-
-    @app.exception_handler(ClusterError)
-    async def cluster_error(request: Request, exc: Exception) -> Response:
-        log.warning("cluster call failed: %s", exc)
-        return ApiError(503, "unavailable", "the cluster is unavailable; retry later").response()
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: Exception) -> Response:
-        if not isinstance(exc, RequestValidationError):
-            return _internal()
-        parts = []
-        for error in exc.errors()[:5]:
-            where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
-            parts.append(f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg")))
-        return ApiError(400, "invalid_request", "; ".join(parts) or "invalid request").response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: Exception) -> Response:
-        if not isinstance(exc, StarletteHTTPException):
-            return _internal()
-        codes = {404: "not_found", 405: "method_not_allowed"}
-        return ApiError(exc.status_code, codes.get(exc.status_code, "error"), str(exc.detail)).response()
-
-    app.include_router(sandboxes.make_router(api))
-    app.include_router(sandbox_io.make_router(api))
-
-    @app.get("/internal/agents/{sandbox_id}", include_in_schema=False)
-    def agent_address(
-        sandbox_id: str, who: Who, org: Annotated[str | None, Query(max_length=64)] = None
-    ) -> Response:
-        if who != EDGE:
-            raise ApiError(403, "forbidden", "only the edge asks where a sandbox's agent is")
-        address, owner = api.agent_address(sandbox_id, org)
-        return JSONResponse({"address": address, "org": owner})
-
+    app.include_router(sandboxes.router)
+    app.include_router(sandbox_io.router)
+    app.include_router(internal)
     # The E2B SDK's routes, at the root where it looks for them (E2B_API_URL is the edge).
-    app.include_router(e2b.make_router(api, settings.templates, settings.sandbox_domain))
-
-    @app.get("/healthz", include_in_schema=False)
-    def healthz() -> dict[str, bool]:
-        return {"ok": True}
+    app.include_router(e2b.router)
+    app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -97,6 +62,50 @@ def make_api(settings: ApiSettings) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+async def api_error(request: Request, exc: Exception) -> Response:
+    return exc.response() if isinstance(exc, ApiError) else _internal()
+
+
+async def cluster_error(request: Request, exc: Exception) -> Response:
+    log.warning("cluster call failed: %s", exc)
+    return ApiError(503, "unavailable", "the cluster is unavailable; retry later").response()
+
+
+async def invalid(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, RequestValidationError):
+        return _internal()
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+        parts.append(f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg")))
+    return ApiError(400, "invalid_request", "; ".join(parts) or "invalid request").response()
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, StarletteHTTPException):
+        return _internal()
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    return ApiError(exc.status_code, codes.get(exc.status_code, "error"), str(exc.detail)).response()
+
+
+# What only the edge asks, kept out of the document.
+internal = APIRouter(include_in_schema=False)
+
+
+@internal.get("/internal/agents/{sandbox_id}")
+def agent_address(
+    sandbox_id: str, who: Who, api: Api, org: Annotated[str | None, Query(max_length=64)] = None
+) -> Response:
+    if who != EDGE:
+        raise ApiError(403, "forbidden", "only the edge asks where a sandbox's agent is")
+    address, owner = api.agent_address(sandbox_id, org)
+    return JSONResponse({"address": address, "org": owner})
+
+
+def healthz() -> dict[str, bool]:
+    return {"ok": True}
 
 
 def _internal() -> Response:

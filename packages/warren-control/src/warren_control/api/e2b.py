@@ -41,7 +41,7 @@ from starlette.concurrency import run_in_threadpool
 
 from warren_control import agentclient, ids, keys, store
 from warren_control.api.errors import ApiError, ClusterError
-from warren_control.api.params import IdempotencyKey, Who
+from warren_control.api.params import Api, IdempotencyKey, Who
 from warren_control.api.service import ApiService
 from warren_control.api.shapes import CreateSandboxRequest, WorkspaceRequest
 from warren_control.identity import Identity
@@ -237,6 +237,11 @@ class Shapes:
         }
 
 
+def shapes(api: ApiService) -> Shapes:
+    """The E2B shapes of this deployment's records."""
+    return Shapes(api.settings.stamp_key, api.settings.sandbox_domain)
+
+
 # --- errors in E2B's shape ---------------------------------------------------------------------
 
 
@@ -297,445 +302,464 @@ class ListQuery:
         return self.started_after is None or (item.started_at or item.created_at) >= self.started_after
 
 
-def make_router(  # noqa: PLR0915 (the routes are the surface)
-    api: ApiService, templates: Mapping[str, Template], domain: str | None
-) -> APIRouter:
-    """The E2B routes, to be included at the root of the API (where the SDK looks for them)."""
-    shapes = Shapes(api.settings.stamp_key, domain)
-    # Every route takes the stamped identity (Who), as the /v1 routes do.
-    router = APIRouter(route_class=E2bRoute, include_in_schema=False)
+# Every route takes the stamped identity (Who), as the /v1 routes do, and the API's service (Api).
+router = APIRouter(route_class=E2bRoute, include_in_schema=False)
 
-    def template(name: str) -> Template:
-        found = templates.get(name)
-        if found is None:
-            known = ", ".join(sorted(templates)) or "none"
+
+def template(templates: Mapping[str, Template], name: str) -> Template:
+    found = templates.get(name)
+    if found is None:
+        known = ", ".join(sorted(templates)) or "none"
+        raise ApiError(
+            404,
+            "not_found",
+            f"template {name[:64]!r} not found: this deployment's templates are {known}",
+        )
+    return found
+
+
+def record(api: ApiService, who: Identity, sandbox_id: str) -> dict[str, Any]:
+    with api.sessions.begin() as session:
+        found = api.find(session, who, warren_id(sandbox_id))
+        api.observe(session, found)
+        gone = found.being_deleted
+        answer = api.public(found)
+    # Killed is gone, to E2B: its pod may still be stopping, the sandbox is no more.
+    if gone:
+        raise not_found(sandbox_id)
+    return answer
+
+
+def running(api: ApiService, who: Identity, sandbox_id: str) -> dict[str, Any]:
+    """The sandbox once it runs (so its agent answers: a pod counts as running only after
+    the hook that starts the agent), waiting at most the deployment's start wait. What
+    counts is the Sandbox resource's own status, written by the controller for the
+    resource's current generation: not a record that may not have caught up with a
+    resume yet. A sandbox that cannot start says why at once; one still starting after
+    the wait is a 504 naming what it waits for, and keeps starting."""
+    deadline = time.monotonic() + api.settings.start_wait_s
+    while True:
+        answer = record(api, who, sandbox_id)
+        if api.settings.start_wait_s <= 0:
+            return answer
+        obj = api.cluster.read(api.object_name(who, answer["id"])) or {}
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        current = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+        if status.get("phase") == SandboxPhase.RUNNING.value and current:
+            return record(api, who, sandbox_id)
+        ready: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
+        )
+        reason = ready.get("reason") or status.get("phase") or "Pending"
+        uid = str(meta.get("uid") or "-")
+        names = (str(meta.get("name") or "-"), api.settings.namespace, pod_name(uid), uid)
+        why = scrub(f"{reason}: {ready.get('message') or 'starting'}", *names)
+        if status.get("phase") == SandboxPhase.FAILED.value or ready.get("reason") in CANNOT_START:
+            raise ApiError(500, "cannot_start", f"sandbox {e2b_id(answer['id'])} cannot start: {why}")
+        if time.monotonic() >= deadline:
             raise ApiError(
-                404,
-                "not_found",
-                f"template {name[:64]!r} not found: this deployment's templates are {known}",
+                504,
+                "timeout",
+                f"sandbox {e2b_id(answer['id'])} is not running after {api.settings.start_wait_s:.0f} s "
+                f"({why}); it keeps starting: connect to it again",
+                # The sandbox exists: a retry would make a second one.
+                headers={"Should-Retry": "false"},
             )
-        return found
+        time.sleep(0.2)
 
-    def record(who: Identity, sandbox_id: str) -> dict[str, Any]:
+
+def from_snapshot(api: ApiService, who: Identity, name: str) -> Snapshot | None:
+    if name in api.settings.templates:
+        return None  # an operator's template's name wins
+    with api.sessions() as session:
+        return store.find_snapshot(session, who.org, name)
+
+
+def create(api: ApiService, body: NewSandbox, who: Identity, key: str | None, route: str) -> Response:
+    refuse_unsupported(body)
+    check_env(body.env_vars or {})
+    env = dict(body.env_vars or {})
+    snapshot = from_snapshot(api, who, body.template_id)
+    if snapshot is not None:
+        # The snapshot's workspace, on the source's image and size; its environment
+        # under the one asked for now.
+        kept = snapshot.spec
+        env = {**(kept.get("env") or {}), **env}
+        request = CreateSandboxRequest(
+            image=kept["image"],
+            cpu_millis=kept["cpu_millis"],
+            memory_mib=kept["memory_mib"],
+            workspace=WorkspaceRequest(size_gib=kept["size_gib"], template=snapshot.workspace_id),
+        )
+    else:
+        chosen = template(api.settings.templates, body.template_id)
+        request = CreateSandboxRequest(
+            image=chosen.image, cpu_millis=chosen.cpu_millis, memory_mib=chosen.memory_mib
+        )
+    extra = {
+        "template": body.template_id,
+        "metadata": dict(body.metadata or {}),
+        "env": env,
+        "max_lifetime_s": body.timeout or DEFAULT_TIMEOUT_S,
+    }
+    _, answer, _ = api.create(who, request, key, route=route, extra=extra)
+    return JSONResponse(shapes(api).sandbox(running(api, who, answer["id"])), status_code=201)
+
+
+@router.post("/sandboxes", status_code=201)
+def create_v1(body: NewSandbox, who: Who, api: Api, key: IdempotencyKey = None) -> Response:
+    return create(api, body, who, key, "/sandboxes")
+
+
+@router.post("/v2/sandboxes", status_code=201)
+def create_v2(body: NewSandbox, who: Who, api: Api, key: IdempotencyKey = None) -> Response:
+    return create(api, body, who, key, "/v2/sandboxes")
+
+
+@router.get("/sandboxes/{sandbox_id}")
+def get(sandbox_id: str, who: Who, api: Api) -> Response:
+    return JSONResponse(shapes(api).detail(record(api, who, sandbox_id)))
+
+
+def matching(
+    api: ApiService, who: Identity, query: ListQuery, *, descending: bool, limit: int, token: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Up to `limit` of the organization's sandboxes that match, and the token that
+    continues after the last one returned (None when no more remain)."""
+    found: list[dict[str, Any]] = []
+    cursor = token
+    while True:
         with api.sessions.begin() as session:
-            found = api.find(session, who, warren_id(sandbox_id))
-            api.observe(session, found)
-            gone = found.being_deleted
-            answer = api.public(found)
-        # Killed is gone, to E2B: its pod may still be stopping, the sandbox is no more.
-        if gone:
-            raise not_found(sandbox_id)
-        return answer
-
-    def running(who: Identity, sandbox_id: str) -> dict[str, Any]:
-        """The sandbox once it runs (so its agent answers: a pod counts as running only after
-        the hook that starts the agent), waiting at most the deployment's start wait. What
-        counts is the Sandbox resource's own status, written by the controller for the
-        resource's current generation: not a record that may not have caught up with a
-        resume yet. A sandbox that cannot start says why at once; one still starting after
-        the wait is a 504 naming what it waits for, and keeps starting."""
-        deadline = time.monotonic() + api.settings.start_wait_s
-        while True:
-            answer = record(who, sandbox_id)
-            if api.settings.start_wait_s <= 0:
-                return answer
-            obj = api.cluster.read(api.object_name(who, answer["id"])) or {}
-            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-            current = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
-            if status.get("phase") == SandboxPhase.RUNNING.value and current:
-                return record(who, sandbox_id)
-            ready: dict[str, Any] = next(
-                (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
-            )
-            reason = ready.get("reason") or status.get("phase") or "Pending"
-            uid = str(meta.get("uid") or "-")
-            names = (str(meta.get("name") or "-"), api.settings.namespace, pod_name(uid), uid)
-            why = scrub(f"{reason}: {ready.get('message') or 'starting'}", *names)
-            if status.get("phase") == SandboxPhase.FAILED.value or ready.get("reason") in CANNOT_START:
-                raise ApiError(500, "cannot_start", f"sandbox {e2b_id(answer['id'])} cannot start: {why}")
-            if time.monotonic() >= deadline:
-                raise ApiError(
-                    504,
-                    "timeout",
-                    f"sandbox {e2b_id(answer['id'])} is not running after {api.settings.start_wait_s:.0f} s "
-                    f"({why}); it keeps starting: connect to it again",
-                    # The sandbox exists: a retry would make a second one.
-                    headers={"Should-Retry": "false"},
-                )
-            time.sleep(0.2)
-
-    def from_snapshot(who: Identity, name: str) -> Snapshot | None:
-        if name in templates:
-            return None  # an operator's template's name wins
-        with api.sessions() as session:
-            return store.find_snapshot(session, who.org, name)
-
-    def create(body: NewSandbox, who: Identity, key: str | None, route: str) -> Response:
-        refuse_unsupported(body)
-        check_env(body.env_vars or {})
-        env = dict(body.env_vars or {})
-        snapshot = from_snapshot(who, body.template_id)
-        if snapshot is not None:
-            # The snapshot's workspace, on the source's image and size; its environment
-            # under the one asked for now.
-            kept = snapshot.spec
-            env = {**(kept.get("env") or {}), **env}
-            request = CreateSandboxRequest(
-                image=kept["image"],
-                cpu_millis=kept["cpu_millis"],
-                memory_mib=kept["memory_mib"],
-                workspace=WorkspaceRequest(size_gib=kept["size_gib"], template=snapshot.workspace_id),
-            )
-        else:
-            chosen = template(body.template_id)
-            request = CreateSandboxRequest(
-                image=chosen.image, cpu_millis=chosen.cpu_millis, memory_mib=chosen.memory_mib
-            )
-        extra = {
-            "template": body.template_id,
-            "metadata": dict(body.metadata or {}),
-            "env": env,
-            "max_lifetime_s": body.timeout or DEFAULT_TIMEOUT_S,
-        }
-        _, answer, _ = api.create(who, request, key, route=route, extra=extra)
-        return JSONResponse(shapes.sandbox(running(who, answer["id"])), status_code=201)
-
-    @router.post("/sandboxes", status_code=201)
-    def create_v1(body: NewSandbox, who: Who, key: IdempotencyKey = None) -> Response:
-        return create(body, who, key, "/sandboxes")
-
-    @router.post("/v2/sandboxes", status_code=201)
-    def create_v2(body: NewSandbox, who: Who, key: IdempotencyKey = None) -> Response:
-        return create(body, who, key, "/v2/sandboxes")
-
-    @router.get("/sandboxes/{sandbox_id}")
-    def get(sandbox_id: str, who: Who) -> Response:
-        return JSONResponse(shapes.detail(record(who, sandbox_id)))
-
-    def matching(
-        who: Identity, query: ListQuery, *, descending: bool, limit: int, token: str | None
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        """Up to `limit` of the organization's sandboxes that match, and the token that
-        continues after the last one returned (None when no more remain)."""
-        found: list[dict[str, Any]] = []
-        cursor = token
-        while True:
-            with api.sessions.begin() as session:
-                try:
-                    page = store.list_sandboxes(
-                        session, who.org, limit=store.MAX_PAGE, cursor=cursor, descending=descending
-                    )
-                except store.InvalidCursorError as exc:
-                    raise ApiError(400, "invalid_request", f"nextToken: {exc}") from exc
-                api.observe_page(session, who.org, page.items)
-                for item in page.items:
-                    if query.matches(item):
-                        found.append(api.public(item))
-                        if len(found) == limit:
-                            return found, store.cursor_after(item)
-            if page.next_cursor is None:
-                return found, None
-            cursor = page.next_cursor
-
-    def metadata_filter(text: str | None) -> dict[str, str]:
-        # The SDK percent-encodes each key and value, then URL-encodes the pairs.
-        return {unquote(k): unquote(v) for k, v in parse_qsl(text or "", keep_blank_values=True)}
-
-    @router.get("/sandboxes")
-    def list_v1(who: Who, metadata: Annotated[str | None, Query(max_length=4096)] = None) -> Response:
-        query = ListQuery(states=frozenset({"running"}), metadata=metadata_filter(metadata))
-        items, _ = matching(who, query, descending=False, limit=10_000, token=None)
-        return JSONResponse([shapes.listed(i) for i in items])
-
-    @router.get("/v2/sandboxes")
-    def list_v2(
-        who: Who,
-        *,
-        metadata: Annotated[str | None, Query(max_length=4096)] = None,
-        state: Annotated[str | None, Query(max_length=64)] = None,
-        order: Annotated[Literal["asc", "desc"], Query()] = "asc",
-        started_after: Annotated[datetime | None, Query(alias="startedAfter")] = None,
-        template_name: Annotated[str | None, Query(alias="template", max_length=256)] = None,
-        next_token: Annotated[str | None, Query(alias="nextToken", max_length=512)] = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = MAX_LIST,
-    ) -> Response:
-        states: frozenset[State] = frozenset(("running", "paused"))
-        if state:
-            asked = {s.strip() for s in state.split(",") if s.strip()}
-            unknown = asked - states
-            if unknown:
-                raise ApiError(
-                    400, "invalid_request", f"state: {sorted(unknown)} unknown; give running, paused"
-                )
-            states = frozenset(s for s in states if s in asked)
-        if started_after is not None and started_after.tzinfo is None:
-            raise ApiError(400, "invalid_request", "startedAfter: give a time with its zone (RFC 3339)")
-        query = ListQuery(states, metadata_filter(metadata), template_name, started_after)
-        items, token = matching(who, query, descending=order == "desc", limit=limit, token=next_token)
-        headers = {"X-Next-Token": token} if token else {}
-        return JSONResponse([shapes.listed(i) for i in items], headers=headers)
-
-    @router.delete("/sandboxes/{sandbox_id}", status_code=204)
-    def kill(sandbox_id: str, who: Who) -> Response:
-        record(who, sandbox_id)  # 404 for one that is gone already
-        api.delete(who, warren_id(sandbox_id))
-        return Response(status_code=204)
-
-    def set_end(who: Identity, sandbox_id: str, seconds: int, *, only_later: bool = False) -> None:
-        """End the sandbox `seconds` from now (with `only_later`, unless it ends later already),
-        within its organization's longest lifetime."""
-        with api.sessions.begin() as session:
-            found = api.find(session, who, warren_id(sandbox_id))
-            if found.phase is SandboxPhase.DELETED:
-                raise not_found(sandbox_id)
-            org, _ = api.org_and_user(session, who)
-            end = utcnow() + timedelta(seconds=seconds)
-            latest = found.created_at + timedelta(seconds=org.max_lifetime_s)
-            if end > latest:
-                raise ApiError(
-                    400,
-                    "invalid_request",
-                    f"timeout: this sandbox may live until {latest.isoformat()} at most "
-                    f"(the organization's longest lifetime is {org.max_lifetime_s} s)",
-                )
-            if not only_later or end > found.expires_at:
-                found.expires_at = end
-                found.touch()
-
-    @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
-    def set_timeout(sandbox_id: str, body: TimeoutBody, who: Who) -> Response:
-        set_end(who, sandbox_id, body.timeout)
-        return Response(status_code=204)
-
-    @router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
-    def refresh(sandbox_id: str, who: Who, body: RefreshBody | None = None) -> Response:
-        duration = body.duration if body is not None and body.duration is not None else DEFAULT_TIMEOUT_S
-        set_end(who, sandbox_id, duration, only_later=True)
-        return Response(status_code=204)
-
-    @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
-    def pause(sandbox_id: str, who: Who, body: PauseBody | None = None) -> Response:
-        if body is not None and body.memory:
-            raise ApiError(
-                400,
-                "unsupported_capability",
-                "memory: this deployment cannot keep a paused sandbox's memory yet; pause with "
-                'mode="filesystem" (memory false, or left out): the filesystem stays, processes end',
-            )
-        if _state(record(who, sandbox_id)) == "paused":
-            raise ApiError(409, "conflict", f"sandbox {sandbox_id} is already paused")
-        api.need_workspaces("pausing (only the workspace outlives the processes)")
-        api.set_stopped(who, warren_id(sandbox_id), True)
-        return Response(status_code=204)
-
-    def connect(sandbox_id: str, who: Identity, body: ConnectBody | None) -> Response:
-        answer = record(who, sandbox_id)
-        timeout = body.timeout if body is not None and body.timeout is not None else DEFAULT_TIMEOUT_S
-        if _state(answer) == "running":
-            set_end(who, sandbox_id, timeout, only_later=True)
-            return JSONResponse(shapes.sandbox(answer), status_code=200)
-        set_end(who, sandbox_id, timeout)
-        api.set_stopped(who, warren_id(sandbox_id), False)
-        return JSONResponse(shapes.sandbox(running(who, answer["id"])), status_code=201)
-
-    @router.post("/sandboxes/{sandbox_id}/connect")
-    def connect_v1(sandbox_id: str, who: Who, body: ConnectBody | None = None) -> Response:
-        return connect(sandbox_id, who, body)
-
-    @router.post("/v2/sandboxes/{sandbox_id}/connect")
-    def connect_v2(sandbox_id: str, who: Who, body: ConnectBody | None = None) -> Response:
-        return connect(sandbox_id, who, body)
-
-    @router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
-    def resume(sandbox_id: str, who: Who, body: ConnectBody | None = None) -> Response:
-        if _state(record(who, sandbox_id)) == "running":
-            raise ApiError(409, "conflict", f"sandbox {sandbox_id} is already running")
-        return connect(sandbox_id, who, body)
-
-    @router.get("/sandboxes/{sandbox_id}/metrics")
-    async def metrics(
-        sandbox_id: str,
-        who: Who,
-        start: Annotated[int | None, Query(ge=0)] = None,
-        end: Annotated[int | None, Query(ge=0)] = None,
-    ) -> Response:
-        """The samples the sandbox's agent keeps (every 5 s, the last hour of its current
-        run): a paused sandbox, or one whose pod has no agent, has none."""
-        answer = await run_in_threadpool(record, who, sandbox_id)
-        if _state(answer) == "paused":
-            return JSONResponse([])
-        try:
-            _, _, pod = await run_in_threadpool(api.running_pod, api.object_name(who, answer["id"]))
-        except ApiError:
-            return JSONResponse([])  # not running yet: nothing measured
-        agent = api.agent_in(pod, answer["id"])
-        if agent is None:
-            return JSONResponse([])
-        try:
-            samples = await agentclient.metrics(api.agent_http, agent, start, end)
-        except agentclient.AgentError as exc:
-            log.warning("metrics of %s: %s", answer["id"], exc)
-            raise ApiError(
-                502, "unavailable", f"sandbox {sandbox_id}'s agent does not answer; retry"
-            ) from exc
-        return JSONResponse([shapes.metric(s) for s in samples])
-
-    def stopped(who: Identity, sandbox_id: str) -> None:
-        """Wait until the sandbox's pod is gone (its workspace unmounted, so all of it is in
-        storage), at most the deployment's start wait."""
-        deadline = time.monotonic() + api.settings.start_wait_s
-        while api.settings.start_wait_s > 0:
-            obj = api.cluster.read(api.object_name(who, sandbox_id)) or {}
-            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-            current = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
-            if not obj or (status.get("phase") == SandboxPhase.STOPPED.value and current):
-                return
-            if time.monotonic() >= deadline:
-                raise ApiError(
-                    504,
-                    "timeout",
-                    f"sandbox {e2b_id(sandbox_id)} did not stop within {api.settings.start_wait_s:.0f} s "
-                    "for its snapshot; it stays paused: connect to it to resume it",
-                    headers={"Should-Retry": "false"},
-                )
-            time.sleep(0.2)
-
-    @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
-    def snapshot(sandbox_id: str, who: Who, body: SnapshotBody | None = None) -> Response:
-        """The sandbox's workspace as it stands, kept to start new sandboxes from. A running
-        sandbox is paused for it (its writes all reach storage) and resumed after: its
-        processes restart, as on any pause."""
-        body = body or SnapshotBody()
-        if body.memory:
-            raise ApiError(
-                400,
-                "unsupported_capability",
-                "memory: this deployment cannot keep a sandbox's memory yet; snapshot with "
-                'mode="filesystem"',
-            )
-        api.need_workspaces("a snapshot (it is of the workspace)")
-        workspaces = api.settings.workspace_store
-        if workspaces is None:
-            raise ApiError(
-                400,
-                "unsupported_capability",
-                "snapshots need the workspace store, which this control plane is not given",
-            )
-        answer = record(who, sandbox_id)
-        if not answer.get("workspace_id"):
-            raise ApiError(409, "conflict", f"sandbox {sandbox_id} has no workspace to snapshot")
-        was_running = _state(answer) == "running"
-        if was_running:
-            api.set_stopped(who, answer["id"], True)
-        copy_id = ids.new_workspace_id()
-        try:
-            if was_running:
-                stopped(who, answer["id"])
-            workspaces.copy(answer["workspace_id"], copy_id)
-        except WorkspaceStoreError as exc:
-            if exc.missing:
-                raise ApiError(409, "conflict", f"sandbox {sandbox_id} has nothing in storage yet") from exc
-            raise ApiError(503, "unavailable", f"the workspace store: {exc}") from exc
-        finally:
-            if was_running:
-                api.set_stopped(who, answer["id"], False)
-        spec = answer["spec"]
-        kept = {
-            "image": spec["image"],
-            "cpu_millis": spec["cpu_millis"],
-            "memory_mib": spec["memory_mib"],
-            "size_gib": (spec.get("workspace") or {}).get("size_gib", 10),
-            "env": spec.get("env") or {},
-        }
-        with api.sessions.begin() as session:
-            source = api.find(session, who, answer["id"])
-            made = store.create_snapshot(session, source, copy_id, body.name, kept)
-            snapshot_id, names = made.id, [made.name] if made.name else []
-        if was_running:
-            running(who, answer["id"])
-        return JSONResponse({"snapshotID": snapshot_id, "names": names}, status_code=201)
-
-    @router.get("/snapshots")
-    def list_snapshots(
-        who: Who,
-        *,
-        sandbox: Annotated[str | None, Query(alias="sandboxID", max_length=64)] = None,
-        name: Annotated[str | None, Query(max_length=200)] = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = MAX_LIST,
-        next_token: Annotated[str | None, Query(alias="nextToken", max_length=512)] = None,
-    ) -> Response:
-        with api.sessions() as session:
             try:
-                items, token = store.list_snapshots(
-                    session,
-                    who.org,
-                    sandbox_id=warren_id(sandbox) if sandbox else None,
-                    name=name,
-                    limit=limit,
-                    cursor=next_token,
+                page = store.list_sandboxes(
+                    session, who.org, limit=store.MAX_PAGE, cursor=cursor, descending=descending
                 )
             except store.InvalidCursorError as exc:
                 raise ApiError(400, "invalid_request", f"nextToken: {exc}") from exc
-            found = [{"snapshotID": i.id, "names": [i.name] if i.name else []} for i in items]
-        return JSONResponse(found, headers={"X-Next-Token": token} if token else {})
+            api.observe_page(session, who.org, page.items)
+            for item in page.items:
+                if query.matches(item):
+                    found.append(api.public(item))
+                    if len(found) == limit:
+                        return found, store.cursor_after(item)
+        if page.next_cursor is None:
+            return found, None
+        cursor = page.next_cursor
 
-    @router.delete("/templates/{template_id}", status_code=204)
-    def delete_snapshot(template_id: str, who: Who) -> Response:
-        """A snapshot goes (sandboxes made from it keep what they stand on)."""
-        with api.sessions() as session:
-            found = session.get(Snapshot, template_id)
-            if found is None or found.org_id != who.org:
-                raise ApiError(404, "not_found", f"snapshot {template_id[:64]!r} not found")
-            workspace_id = found.workspace_id
-        if api.settings.workspace_store is not None:
-            try:
-                api.settings.workspace_store.release(workspace_id)
-            except WorkspaceStoreError as exc:
-                raise ApiError(503, "unavailable", f"the workspace store: {exc}; retry") from exc
-        with api.sessions.begin() as session:
-            found = session.get(Snapshot, template_id)
-            if found is not None:
-                session.delete(found)
-        return Response(status_code=204)
 
-    @router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
-    def fork(
-        sandbox_id: str,
-        who: Who,
-        body: ForkBody | None = None,
-        key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)] = None,
-    ) -> Response:
-        body = body or ForkBody()
-        record(who, sandbox_id)
-        _, answer, _ = api.fork(
-            who,
-            warren_id(sandbox_id),
-            body.count,
-            key,
-            route=f"/sandboxes/{sandbox_id}/fork",
-            lifetime_s=body.timeout or DEFAULT_TIMEOUT_S,
+def metadata_filter(text: str | None) -> dict[str, str]:
+    # The SDK percent-encodes each key and value, then URL-encodes the pairs.
+    return {unquote(k): unquote(v) for k, v in parse_qsl(text or "", keep_blank_values=True)}
+
+
+@router.get("/sandboxes")
+def list_v1(who: Who, api: Api, metadata: Annotated[str | None, Query(max_length=4096)] = None) -> Response:
+    query = ListQuery(states=frozenset({"running"}), metadata=metadata_filter(metadata))
+    items, _ = matching(api, who, query, descending=False, limit=10_000, token=None)
+    listed = shapes(api).listed
+    return JSONResponse([listed(i) for i in items])
+
+
+@router.get("/v2/sandboxes")
+def list_v2(
+    who: Who,
+    api: Api,
+    *,
+    metadata: Annotated[str | None, Query(max_length=4096)] = None,
+    state: Annotated[str | None, Query(max_length=64)] = None,
+    order: Annotated[Literal["asc", "desc"], Query()] = "asc",
+    started_after: Annotated[datetime | None, Query(alias="startedAfter")] = None,
+    template_name: Annotated[str | None, Query(alias="template", max_length=256)] = None,
+    next_token: Annotated[str | None, Query(alias="nextToken", max_length=512)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = MAX_LIST,
+) -> Response:
+    states: frozenset[State] = frozenset(("running", "paused"))
+    if state:
+        asked = {s.strip() for s in state.split(",") if s.strip()}
+        unknown = asked - states
+        if unknown:
+            raise ApiError(400, "invalid_request", f"state: {sorted(unknown)} unknown; give running, paused")
+        states = frozenset(s for s in states if s in asked)
+    if started_after is not None and started_after.tzinfo is None:
+        raise ApiError(400, "invalid_request", "startedAfter: give a time with its zone (RFC 3339)")
+    query = ListQuery(states, metadata_filter(metadata), template_name, started_after)
+    items, token = matching(api, who, query, descending=order == "desc", limit=limit, token=next_token)
+    headers = {"X-Next-Token": token} if token else {}
+    listed = shapes(api).listed
+    return JSONResponse([listed(i) for i in items], headers=headers)
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204)
+def kill(sandbox_id: str, who: Who, api: Api) -> Response:
+    record(api, who, sandbox_id)  # 404 for one that is gone already
+    api.delete(who, warren_id(sandbox_id))
+    return Response(status_code=204)
+
+
+def set_end(
+    api: ApiService, who: Identity, sandbox_id: str, seconds: int, *, only_later: bool = False
+) -> None:
+    """End the sandbox `seconds` from now (with `only_later`, unless it ends later already),
+    within its organization's longest lifetime."""
+    with api.sessions.begin() as session:
+        found = api.find(session, who, warren_id(sandbox_id))
+        if found.phase is SandboxPhase.DELETED:
+            raise not_found(sandbox_id)
+        org, _ = api.org_and_user(session, who)
+        end = utcnow() + timedelta(seconds=seconds)
+        latest = found.created_at + timedelta(seconds=org.max_lifetime_s)
+        if end > latest:
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"timeout: this sandbox may live until {latest.isoformat()} at most "
+                f"(the organization's longest lifetime is {org.max_lifetime_s} s)",
+            )
+        if not only_later or end > found.expires_at:
+            found.expires_at = end
+            found.touch()
+
+
+@router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+def set_timeout(sandbox_id: str, body: TimeoutBody, who: Who, api: Api) -> Response:
+    set_end(api, who, sandbox_id, body.timeout)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
+def refresh(sandbox_id: str, who: Who, api: Api, body: RefreshBody | None = None) -> Response:
+    duration = body.duration if body is not None and body.duration is not None else DEFAULT_TIMEOUT_S
+    set_end(api, who, sandbox_id, duration, only_later=True)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+def pause(sandbox_id: str, who: Who, api: Api, body: PauseBody | None = None) -> Response:
+    if body is not None and body.memory:
+        raise ApiError(
+            400,
+            "unsupported_capability",
+            "memory: this deployment cannot keep a paused sandbox's memory yet; pause with "
+            'mode="filesystem" (memory false, or left out): the filesystem stays, processes end',
         )
-        results: list[dict[str, Any]] = []
-        for result in answer["results"]:
-            if result["ok"]:
-                try:
-                    child = running(who, result["sandbox"]["id"])
-                except ApiError as exc:
-                    results.append({"error": {"code": exc.status, "message": exc.message}})
-                    continue
-                results.append({"sandbox": shapes.sandbox(child)})
-            else:
-                code = (
-                    429
-                    if result["error"] == "quota_exceeded"
-                    else 400
-                    if result["error"] == "forbidden"
-                    else 503
-                )
-                results.append({"error": {"code": code, "message": result["message"]}})
-        return JSONResponse(results, status_code=201)
+    if _state(record(api, who, sandbox_id)) == "paused":
+        raise ApiError(409, "conflict", f"sandbox {sandbox_id} is already paused")
+    api.need_workspaces("pausing (only the workspace outlives the processes)")
+    api.set_stopped(who, warren_id(sandbox_id), True)
+    return Response(status_code=204)
 
-    return router
+
+def connect(api: ApiService, sandbox_id: str, who: Identity, body: ConnectBody | None) -> Response:
+    answer = record(api, who, sandbox_id)
+    timeout = body.timeout if body is not None and body.timeout is not None else DEFAULT_TIMEOUT_S
+    if _state(answer) == "running":
+        set_end(api, who, sandbox_id, timeout, only_later=True)
+        return JSONResponse(shapes(api).sandbox(answer), status_code=200)
+    set_end(api, who, sandbox_id, timeout)
+    api.set_stopped(who, warren_id(sandbox_id), False)
+    return JSONResponse(shapes(api).sandbox(running(api, who, answer["id"])), status_code=201)
+
+
+@router.post("/sandboxes/{sandbox_id}/connect")
+def connect_v1(sandbox_id: str, who: Who, api: Api, body: ConnectBody | None = None) -> Response:
+    return connect(api, sandbox_id, who, body)
+
+
+@router.post("/v2/sandboxes/{sandbox_id}/connect")
+def connect_v2(sandbox_id: str, who: Who, api: Api, body: ConnectBody | None = None) -> Response:
+    return connect(api, sandbox_id, who, body)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
+def resume(sandbox_id: str, who: Who, api: Api, body: ConnectBody | None = None) -> Response:
+    if _state(record(api, who, sandbox_id)) == "running":
+        raise ApiError(409, "conflict", f"sandbox {sandbox_id} is already running")
+    return connect(api, sandbox_id, who, body)
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics")
+async def metrics(
+    sandbox_id: str,
+    who: Who,
+    api: Api,
+    start: Annotated[int | None, Query(ge=0)] = None,
+    end: Annotated[int | None, Query(ge=0)] = None,
+) -> Response:
+    """The samples the sandbox's agent keeps (every 5 s, the last hour of its current
+    run): a paused sandbox, or one whose pod has no agent, has none."""
+    answer = await run_in_threadpool(record, api, who, sandbox_id)
+    if _state(answer) == "paused":
+        return JSONResponse([])
+    try:
+        _, _, pod = await run_in_threadpool(api.running_pod, api.object_name(who, answer["id"]))
+    except ApiError:
+        return JSONResponse([])  # not running yet: nothing measured
+    agent = api.agent_in(pod, answer["id"])
+    if agent is None:
+        return JSONResponse([])
+    try:
+        samples = await agentclient.metrics(api.agent_http, agent, start, end)
+    except agentclient.AgentError as exc:
+        log.warning("metrics of %s: %s", answer["id"], exc)
+        raise ApiError(502, "unavailable", f"sandbox {sandbox_id}'s agent does not answer; retry") from exc
+    return JSONResponse([Shapes.metric(s) for s in samples])
+
+
+def stopped(api: ApiService, who: Identity, sandbox_id: str) -> None:
+    """Wait until the sandbox's pod is gone (its workspace unmounted, so all of it is in
+    storage), at most the deployment's start wait."""
+    deadline = time.monotonic() + api.settings.start_wait_s
+    while api.settings.start_wait_s > 0:
+        obj = api.cluster.read(api.object_name(who, sandbox_id)) or {}
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        current = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+        if not obj or (status.get("phase") == SandboxPhase.STOPPED.value and current):
+            return
+        if time.monotonic() >= deadline:
+            raise ApiError(
+                504,
+                "timeout",
+                f"sandbox {e2b_id(sandbox_id)} did not stop within {api.settings.start_wait_s:.0f} s "
+                "for its snapshot; it stays paused: connect to it to resume it",
+                headers={"Should-Retry": "false"},
+            )
+        time.sleep(0.2)
+
+
+@router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
+def snapshot(sandbox_id: str, who: Who, api: Api, body: SnapshotBody | None = None) -> Response:
+    """The sandbox's workspace as it stands, kept to start new sandboxes from. A running
+    sandbox is paused for it (its writes all reach storage) and resumed after: its
+    processes restart, as on any pause."""
+    body = body or SnapshotBody()
+    if body.memory:
+        raise ApiError(
+            400,
+            "unsupported_capability",
+            'memory: this deployment cannot keep a sandbox\'s memory yet; snapshot with mode="filesystem"',
+        )
+    api.need_workspaces("a snapshot (it is of the workspace)")
+    workspaces = api.settings.workspace_store
+    if workspaces is None:
+        raise ApiError(
+            400,
+            "unsupported_capability",
+            "snapshots need the workspace store, which this control plane is not given",
+        )
+    answer = record(api, who, sandbox_id)
+    if not answer.get("workspace_id"):
+        raise ApiError(409, "conflict", f"sandbox {sandbox_id} has no workspace to snapshot")
+    was_running = _state(answer) == "running"
+    if was_running:
+        api.set_stopped(who, answer["id"], True)
+    copy_id = ids.new_workspace_id()
+    try:
+        if was_running:
+            stopped(api, who, answer["id"])
+        workspaces.copy(answer["workspace_id"], copy_id)
+    except WorkspaceStoreError as exc:
+        if exc.missing:
+            raise ApiError(409, "conflict", f"sandbox {sandbox_id} has nothing in storage yet") from exc
+        raise ApiError(503, "unavailable", f"the workspace store: {exc}") from exc
+    finally:
+        if was_running:
+            api.set_stopped(who, answer["id"], False)
+    spec = answer["spec"]
+    kept = {
+        "image": spec["image"],
+        "cpu_millis": spec["cpu_millis"],
+        "memory_mib": spec["memory_mib"],
+        "size_gib": (spec.get("workspace") or {}).get("size_gib", 10),
+        "env": spec.get("env") or {},
+    }
+    with api.sessions.begin() as session:
+        source = api.find(session, who, answer["id"])
+        made = store.create_snapshot(session, source, copy_id, body.name, kept)
+        snapshot_id, names = made.id, [made.name] if made.name else []
+    if was_running:
+        running(api, who, answer["id"])
+    return JSONResponse({"snapshotID": snapshot_id, "names": names}, status_code=201)
+
+
+@router.get("/snapshots")
+def list_snapshots(
+    who: Who,
+    api: Api,
+    *,
+    sandbox: Annotated[str | None, Query(alias="sandboxID", max_length=64)] = None,
+    name: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = MAX_LIST,
+    next_token: Annotated[str | None, Query(alias="nextToken", max_length=512)] = None,
+) -> Response:
+    with api.sessions() as session:
+        try:
+            items, token = store.list_snapshots(
+                session,
+                who.org,
+                sandbox_id=warren_id(sandbox) if sandbox else None,
+                name=name,
+                limit=limit,
+                cursor=next_token,
+            )
+        except store.InvalidCursorError as exc:
+            raise ApiError(400, "invalid_request", f"nextToken: {exc}") from exc
+        found = [{"snapshotID": i.id, "names": [i.name] if i.name else []} for i in items]
+    return JSONResponse(found, headers={"X-Next-Token": token} if token else {})
+
+
+@router.delete("/templates/{template_id}", status_code=204)
+def delete_snapshot(template_id: str, who: Who, api: Api) -> Response:
+    """A snapshot goes (sandboxes made from it keep what they stand on)."""
+    with api.sessions() as session:
+        found = session.get(Snapshot, template_id)
+        if found is None or found.org_id != who.org:
+            raise ApiError(404, "not_found", f"snapshot {template_id[:64]!r} not found")
+        workspace_id = found.workspace_id
+    if api.settings.workspace_store is not None:
+        try:
+            api.settings.workspace_store.release(workspace_id)
+        except WorkspaceStoreError as exc:
+            raise ApiError(503, "unavailable", f"the workspace store: {exc}; retry") from exc
+    with api.sessions.begin() as session:
+        found = session.get(Snapshot, template_id)
+        if found is not None:
+            session.delete(found)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
+def fork(
+    sandbox_id: str,
+    who: Who,
+    api: Api,
+    body: ForkBody | None = None,
+    key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)] = None,
+) -> Response:
+    body = body or ForkBody()
+    record(api, who, sandbox_id)
+    _, answer, _ = api.fork(
+        who,
+        warren_id(sandbox_id),
+        body.count,
+        key,
+        route=f"/sandboxes/{sandbox_id}/fork",
+        lifetime_s=body.timeout or DEFAULT_TIMEOUT_S,
+    )
+    results: list[dict[str, Any]] = []
+    for result in answer["results"]:
+        if result["ok"]:
+            try:
+                child = running(api, who, result["sandbox"]["id"])
+            except ApiError as exc:
+                results.append({"error": {"code": exc.status, "message": exc.message}})
+                continue
+            results.append({"sandbox": shapes(api).sandbox(child)})
+        else:
+            code = (
+                429 if result["error"] == "quota_exceeded" else 400 if result["error"] == "forbidden" else 503
+            )
+            results.append({"error": {"code": code, "message": result["message"]}})
+    return JSONResponse(results, status_code=201)
 
 
 def not_found(sandbox_id: str) -> ApiError:

@@ -1,4 +1,5 @@
-"""What a route takes besides its body: the stamped identity, an idempotency key, a file path."""
+"""What a route takes besides its body: the API's service, the stamped identity, an
+idempotency key, a file path."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Header, Query, Request
 
+from warren_control.api.service import ApiService
 from warren_control.identity import Identity
+
+
+async def service(request: Request) -> ApiService:
+    """The API's service, which make_api keeps on the app (async: no worker thread for it)."""
+    api: ApiService = request.app.state.api
+    return api
 
 
 async def stamped_identity(request: Request) -> Identity:
@@ -17,6 +25,7 @@ async def stamped_identity(request: Request) -> Identity:
     return who
 
 
+Api = Annotated[ApiService, Depends(service)]
 Who = Annotated[Identity, Depends(stamped_identity)]
 IdempotencyKey = Annotated[
     str | None,

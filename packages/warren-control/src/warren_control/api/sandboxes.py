@@ -9,8 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from warren_control import store
 from warren_control.api.errors import ApiError, not_found, unsupported
-from warren_control.api.params import IdempotencyKey, Who, stamped_identity
-from warren_control.api.service import ApiService
+from warren_control.api.params import Api, IdempotencyKey, Who, stamped_identity
 from warren_control.api.shapes import (
     CreateSandboxRequest,
     ForkOut,
@@ -24,123 +23,126 @@ from warren_control.models import (
     SandboxPhase,
 )
 
+router = APIRouter(prefix="/v1", dependencies=[Depends(stamped_identity)], tags=["sandboxes"])
 
-def make_router(api: ApiService) -> APIRouter:
-    """The /v1 sandbox routes, on the API's service."""
-    settings = api.settings
-    router = APIRouter(prefix="/v1", dependencies=[Depends(stamped_identity)], tags=["sandboxes"])
 
-    @router.post(
-        "/sandboxes",
-        status_code=201,
-        response_model=SandboxOut,
-        responses=error_responses(400, 401, 403, 404, 422, 503),
-        summary="Create a sandbox",
-    )
-    def create_sandbox(body: CreateSandboxRequest, who: Who, key: IdempotencyKey = None) -> Response:
-        status, response, replayed = api.create(who, body, key)
-        headers = {"Location": f"/v1/sandboxes/{response['id']}"} if status == 201 else {}  # noqa: PLR2004
-        if replayed:
-            headers["Idempotent-Replayed"] = "true"
-        return JSONResponse(response, status_code=status, headers=headers)
+@router.post(
+    "/sandboxes",
+    status_code=201,
+    response_model=SandboxOut,
+    responses=error_responses(400, 401, 403, 404, 422, 503),
+    summary="Create a sandbox",
+)
+def create_sandbox(body: CreateSandboxRequest, who: Who, api: Api, key: IdempotencyKey = None) -> Response:
+    status, response, replayed = api.create(who, body, key)
+    headers = {"Location": f"/v1/sandboxes/{response['id']}"} if status == 201 else {}  # noqa: PLR2004
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONResponse(response, status_code=status, headers=headers)
 
-    @router.get(
-        "/sandboxes",
-        response_model=PageOut,
-        responses=error_responses(400, 401),
-        summary="List the organization's sandboxes, oldest first",
-    )
-    def list_sandboxes(
-        who: Who,
-        limit: Annotated[int, Query(ge=1, le=store.MAX_PAGE)] = 50,
-        cursor: Annotated[str | None, Query(max_length=512)] = None,
-    ) -> Response:
-        with api.sessions.begin() as session:
-            try:
-                page = store.list_sandboxes(session, who.org, limit=limit, cursor=cursor)
-            except store.InvalidCursorError as exc:
-                raise ApiError(400, "invalid_request", str(exc)) from exc
-            api.observe_page(session, who.org, page.items)
-            items = [api.public(r) for r in page.items if r.phase is not SandboxPhase.DELETED]
-        return JSONResponse({"items": items, "next_cursor": page.next_cursor})
 
-    @router.get(
-        "/sandboxes/{sandbox_id}",
-        response_model=SandboxOut,
-        responses=error_responses(401, 404),
-        summary="One sandbox, as the cluster shows it",
-    )
-    def get_sandbox(sandbox_id: str, who: Who) -> Response:
-        with api.sessions.begin() as session:
-            record = api.find(session, who, sandbox_id)
-            api.observe(session, record)
-            answer = api.public(record)
-        # Outside the transaction: what the observation found (gone, say) is committed.
-        if record.phase is SandboxPhase.DELETED:
-            raise not_found(sandbox_id)
-        return JSONResponse(answer)
+@router.get(
+    "/sandboxes",
+    response_model=PageOut,
+    responses=error_responses(400, 401),
+    summary="List the organization's sandboxes, oldest first",
+)
+def list_sandboxes(
+    who: Who,
+    api: Api,
+    limit: Annotated[int, Query(ge=1, le=store.MAX_PAGE)] = 50,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> Response:
+    with api.sessions.begin() as session:
+        try:
+            page = store.list_sandboxes(session, who.org, limit=limit, cursor=cursor)
+        except store.InvalidCursorError as exc:
+            raise ApiError(400, "invalid_request", str(exc)) from exc
+        api.observe_page(session, who.org, page.items)
+        items = [api.public(r) for r in page.items if r.phase is not SandboxPhase.DELETED]
+    return JSONResponse({"items": items, "next_cursor": page.next_cursor})
 
-    @router.delete(
-        "/sandboxes/{sandbox_id}",
-        status_code=202,
-        response_model=SandboxOut,
-        responses=error_responses(401, 404, 503),
-        summary="Delete a sandbox and its workspace",
-    )
-    def delete_sandbox(sandbox_id: str, who: Who) -> Response:
-        return JSONResponse(api.delete(who, sandbox_id), status_code=202)
 
-    @router.post(
-        "/sandboxes/{sandbox_id}/fork",
-        response_model=ForkOut,
-        responses=error_responses(400, 401, 403, 404, 409, 422, 503),
-        summary="Fork a sandbox's workspace into `count` new sandboxes, each on its own",
-    )
-    def fork_sandbox(
-        sandbox_id: str, who: Who, body: Annotated[ForkRequest, Body()], key: IdempotencyKey = None
-    ) -> Response:
-        status, response, replayed = api.fork(who, sandbox_id, body.count, key)
-        headers = {"Idempotent-Replayed": "true"} if replayed else {}
-        return JSONResponse(response, status_code=status, headers=headers)
+@router.get(
+    "/sandboxes/{sandbox_id}",
+    response_model=SandboxOut,
+    responses=error_responses(401, 404),
+    summary="One sandbox, as the cluster shows it",
+)
+def get_sandbox(sandbox_id: str, who: Who, api: Api) -> Response:
+    with api.sessions.begin() as session:
+        record = api.find(session, who, sandbox_id)
+        api.observe(session, record)
+        answer = api.public(record)
+    # Outside the transaction: what the observation found (gone, say) is committed.
+    if record.phase is SandboxPhase.DELETED:
+        raise not_found(sandbox_id)
+    return JSONResponse(answer)
 
-    @router.post(
-        "/sandboxes/{sandbox_id}/stop",
-        status_code=202,
-        response_model=SandboxOut,
-        responses=error_responses(400, 401, 404, 409, 503),
-        summary="Stop a sandbox: its processes end, its workspace stays",
-    )
-    def stop_sandbox(
-        sandbox_id: str, who: Who, body: Annotated[StopRequest | None, Body()] = None
-    ) -> Response:
-        if body is not None and body.memory_capture:
-            if not settings.memory_capture:
-                raise unsupported("memory_capture", "memory capture is off on this deployment")
-            raise unsupported("memory_capture", "this version cannot capture a gVisor sandbox's memory")
-        api.need_workspaces("stopping (only the workspace outlives the processes)")
-        return JSONResponse(api.set_stopped(who, sandbox_id, True), status_code=202)
 
-    @router.post(
-        "/sandboxes/{sandbox_id}/start",
-        status_code=202,
-        response_model=SandboxOut,
-        responses=error_responses(401, 404, 409, 503),
-        summary="Start a stopped sandbox again, on the same workspace",
-    )
-    def start_sandbox(sandbox_id: str, who: Who) -> Response:
-        return JSONResponse(api.set_stopped(who, sandbox_id, False), status_code=202)
+@router.delete(
+    "/sandboxes/{sandbox_id}",
+    status_code=202,
+    response_model=SandboxOut,
+    responses=error_responses(401, 404, 503),
+    summary="Delete a sandbox and its workspace",
+)
+def delete_sandbox(sandbox_id: str, who: Who, api: Api) -> Response:
+    return JSONResponse(api.delete(who, sandbox_id), status_code=202)
 
-    @router.post(
-        "/sandboxes/{sandbox_id}/keepalive",
-        response_model=SandboxOut,
-        responses=error_responses(401, 404),
-        summary="Restart the sandbox's idle timer",
-    )
-    def keepalive(sandbox_id: str, who: Who) -> Response:
-        with api.sessions.begin() as session:
-            record = api.find(session, who, sandbox_id)
-            record.touch()
-            session.flush()
-            return JSONResponse(api.public(record))
 
-    return router
+@router.post(
+    "/sandboxes/{sandbox_id}/fork",
+    response_model=ForkOut,
+    responses=error_responses(400, 401, 403, 404, 409, 422, 503),
+    summary="Fork a sandbox's workspace into `count` new sandboxes, each on its own",
+)
+def fork_sandbox(
+    sandbox_id: str, who: Who, api: Api, body: Annotated[ForkRequest, Body()], key: IdempotencyKey = None
+) -> Response:
+    status, response, replayed = api.fork(who, sandbox_id, body.count, key)
+    headers = {"Idempotent-Replayed": "true"} if replayed else {}
+    return JSONResponse(response, status_code=status, headers=headers)
+
+
+@router.post(
+    "/sandboxes/{sandbox_id}/stop",
+    status_code=202,
+    response_model=SandboxOut,
+    responses=error_responses(400, 401, 404, 409, 503),
+    summary="Stop a sandbox: its processes end, its workspace stays",
+)
+def stop_sandbox(
+    sandbox_id: str, who: Who, api: Api, body: Annotated[StopRequest | None, Body()] = None
+) -> Response:
+    if body is not None and body.memory_capture:
+        if not api.settings.memory_capture:
+            raise unsupported("memory_capture", "memory capture is off on this deployment")
+        raise unsupported("memory_capture", "this version cannot capture a gVisor sandbox's memory")
+    api.need_workspaces("stopping (only the workspace outlives the processes)")
+    return JSONResponse(api.set_stopped(who, sandbox_id, True), status_code=202)
+
+
+@router.post(
+    "/sandboxes/{sandbox_id}/start",
+    status_code=202,
+    response_model=SandboxOut,
+    responses=error_responses(401, 404, 409, 503),
+    summary="Start a stopped sandbox again, on the same workspace",
+)
+def start_sandbox(sandbox_id: str, who: Who, api: Api) -> Response:
+    return JSONResponse(api.set_stopped(who, sandbox_id, False), status_code=202)
+
+
+@router.post(
+    "/sandboxes/{sandbox_id}/keepalive",
+    response_model=SandboxOut,
+    responses=error_responses(401, 404),
+    summary="Restart the sandbox's idle timer",
+)
+def keepalive(sandbox_id: str, who: Who, api: Api) -> Response:
+    with api.sessions.begin() as session:
+        record = api.find(session, who, sandbox_id)
+        record.touch()
+        session.flush()
+        return JSONResponse(api.public(record))
