@@ -212,6 +212,32 @@ def pod_for(
     spec = sandbox.get("spec") or {}
     if not meta.get("name") or not meta.get("namespace"):
         raise SandboxSpecError("the Sandbox needs metadata.name and metadata.namespace")
+    container = _container(spec, options)
+    pod_spec = _pod_spec(container, options, node)
+    if workspace_volume is not None:
+        pod_spec["volumes"] = [_workspace(workspace_volume)]
+        container["volumeMounts"] = [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT}]
+        container["workingDir"] = WORKSPACE_MOUNT
+    token_sha256 = spec.get("agentTokenSha256")
+    if options.agent_image and token_sha256:
+        _add_agent(pod_spec, container, options, str(token_sha256))
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(str(meta.get("uid") or "")),
+            "namespace": meta["namespace"],
+            "labels": labels_for(sandbox),
+            "annotations": {SPEC_HASH_ANNOTATION: spec_hash(sandbox)},
+            "ownerReferences": [owner_reference(sandbox)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def _container(spec: Mapping[str, Any], options: PodOptions) -> Obj:
+    """The sandbox's own container: its image, command, size and environment, checked."""
     image = spec.get("image")
     if not isinstance(image, str) or not image:
         raise SandboxSpecError("spec.image is required: name the OCI image the sandbox runs")
@@ -256,7 +282,12 @@ def pod_for(
         raise SandboxSpecError("spec.env must map variable names to string values")
     if env:
         container["env"] = [{"name": name, "value": env[name]} for name in sorted(env)]
+    return container
 
+
+def _pod_spec(container: Obj, options: PodOptions, node: str | None) -> Obj:
+    """The pod around the container: its runtime class, and nothing of the host or the cluster
+    handed in."""
     pod_spec: Obj = {
         "runtimeClassName": options.runtime_class,
         # Otherwise the pod's name is the hostname (/etc/hostname, $HOSTNAME), and a client
@@ -278,26 +309,7 @@ def pod_for(
         pod_spec["affinity"] = {
             "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
         }
-    if workspace_volume is not None:
-        pod_spec["volumes"] = [_workspace(workspace_volume)]
-        container["volumeMounts"] = [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT}]
-        container["workingDir"] = WORKSPACE_MOUNT
-    token_sha256 = spec.get("agentTokenSha256")
-    if options.agent_image and token_sha256:
-        _add_agent(pod_spec, container, options, str(token_sha256))
-
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": pod_name(str(meta.get("uid") or "")),
-            "namespace": meta["namespace"],
-            "labels": labels_for(sandbox),
-            "annotations": {SPEC_HASH_ANNOTATION: spec_hash(sandbox)},
-            "ownerReferences": [owner_reference(sandbox)],
-        },
-        "spec": pod_spec,
-    }
+    return pod_spec
 
 
 def _add_agent(pod_spec: Obj, container: Obj, options: PodOptions, token_sha256: str) -> None:
