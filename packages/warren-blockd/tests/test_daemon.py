@@ -123,12 +123,14 @@ def test_api_errors_are_clear_and_metrics_and_logs_are_served(node: Blockd) -> N
     with pytest.raises(ApiError) as bad_id:
         node.client.create("Not_Valid", 64 << 20)
     assert bad_id.value.status == 400 and "lowercase letters" in str(bad_id.value)
+    # Every error names its fix beside the code and the message.
+    assert set(bad_id.value.doc) == {"error", "message", "fix"} and "lowercase letters" in bad_id.value.fix
     with pytest.raises(ApiError) as bad_size:
         node.client.create("small", 4096)
     assert "at least 16 MiB" in str(bad_size.value)
     with pytest.raises(ApiError) as missing:
         node.client.action("nope", "mount", target="/tmp/never")
-    assert missing.value.status == 404
+    assert missing.value.status == 404 and missing.value.fix
     node.client.create("exists-once", 64 << 20)
     with pytest.raises(ApiError) as twice:
         node.client.create("exists-once", 64 << 20)

@@ -16,6 +16,7 @@ import pytest
 from conftest import Blockd, Weed, make_bucket
 from warren_blockd import chunks, loopdev
 from warren_blockd.client import ApiError
+from warren_common.testing import wait_for
 
 pytestmark = pytest.mark.integration
 MIB = 1 << 20
@@ -29,13 +30,6 @@ def s3(endpoint: str) -> object:
         aws_access_key_id="any",
         aws_secret_access_key="any",
     )
-
-
-def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 WRITER = """
@@ -69,7 +63,12 @@ def test_kill_9_mid_replication_loses_nothing_that_was_replicated(
         (mnt / f"proven-{i}").write_bytes(proven[f"proven-{i}"])
         assert a.client.action("ws", "flush", wait_replicated=60)["level"] == "replicated"
     busy = writer(mnt / "in-flight", 200 * MIB, MIB)
-    until(lambda: a.client.stats()["workspaces"]["ws"]["backlog_bytes"] > 0, 60, "writes in flight")
+    wait_for(
+        lambda: a.client.stats()["workspaces"]["ws"]["backlog_bytes"] > 0,
+        60,
+        "writes in flight",
+        interval=0.1,
+    )
     a.kill()  # kill -9: no flush, no unmount, uploads cut off mid-way
     busy.kill()
     busy.wait()
@@ -111,7 +110,7 @@ def test_a_killed_daemons_loop_device_goes_with_its_mount(
     assert loopdev.backing_file(device) == backing
     a.kill()
     subprocess.run(["umount", "-l", str(tmp_path / "mnt")], check=True)
-    until(lambda: loopdev.backing_file(device) != backing, 10, f"{device} to be detached")
+    wait_for(lambda: loopdev.backing_file(device) != backing, 10, f"{device} to be detached", interval=0.1)
     assert loopdev.backed_under(a.state) == []
 
 
@@ -130,7 +129,7 @@ def test_a_restarted_daemon_leaves_a_loop_device_that_took_its_recorded_number_a
         subprocess.run(["losetup", "-d", device], check=True)
     # A lazily unmounted filesystem lets go of its device a moment later, and `losetup -d` on a
     # device still in use only marks it for release: wait for the number to be free.
-    until(lambda: loopdev.backing_file(device) != backing, 10, f"{device} to be detached")
+    wait_for(lambda: loopdev.backing_file(device) != backing, 10, f"{device} to be detached", interval=0.1)
     assert '"loop"' in (a.state / "node" / "workspaces" / "ws" / "mount.json").read_text()
     foreign = tmp_path / "foreign.img"
     foreign.write_bytes(bytes(MIB))
@@ -249,7 +248,9 @@ def test_storage_outage_writes_go_on_to_the_bound_then_wait_then_resume(
             doc: dict[str, int] = node.client.stats()["workspaces"]["ws"]
             return doc
 
-        until(lambda: stats()["backpressure_waits"] > 0, 120, "writers to reach the backlog bound")
+        wait_for(
+            lambda: stats()["backpressure_waits"] > 0, 120, "writers to reach the backlog bound", interval=0.1
+        )
         assert busy.poll() is None, "the writer finished although storage was down"
         assert bound <= stats()["backlog_bytes"] <= bound + 2 * MIB
         time.sleep(2)

@@ -23,6 +23,7 @@ from test_csi import pod_context, start_plugin, stop_plugin
 from warren_blockd.csi.proto import csi_pb2, csi_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 from warren_blockd.handoff import HOLD_ENV
 from warren_blockd.testing import BlockdProcess, CsiPluginProcess
+from warren_common.testing import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -97,13 +98,6 @@ def events(daemon: BlockdProcess, name: str) -> list[dict[str, object]]:
     ]
 
 
-def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def fsck_clean(daemon: BlockdProcess, workspace: str, target: Path, copy: Path) -> None:
     """e2fsck -fn of the workspace as the kernel left it: frozen, copied from the FUSE file."""
     subprocess.run(["fsfreeze", "--freeze", str(target)], check=True)
@@ -175,9 +169,19 @@ def test_a_new_daemon_killed_during_the_handoff_leaves_the_old_one_serving(
         doomed = BlockdProcess(
             old.state, store, seaweedfs, log_name="daemon-doomed.log", env={HOLD_ENV: "600"}, wait=False
         )
-        until(lambda: bool(events(doomed, "adopted; acknowledging")), 60, "the new daemon to adopt")
+        wait_for(
+            lambda: bool(events(doomed, "adopted; acknowledging")),
+            60,
+            "the new daemon to adopt",
+            interval=0.05,
+        )
         doomed.kill()
-        until(lambda: bool(events(old, "handoff failed; serving on")), 60, "the old daemon to resume")
+        wait_for(
+            lambda: bool(events(old, "handoff failed; serving on")),
+            60,
+            "the old daemon to resume",
+            interval=0.05,
+        )
         assert old.proc.poll() is None and old.serving()
         before = len(writer.done())
         writer.wait_for(before + 20)  # the old daemon serves the writer again

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from warren_blockd.blobs.policy import PolicyStore, RetryPolicy
 from warren_blockd.errors import FatalError, TransientError
 from warren_blockd.replicator import Replicator
 from warren_blockd.workspace import LogLane, SplitBrainError, Workspace
+from warren_common.testing import wait_for
 
 BLOCK = 4096
 
@@ -40,15 +40,6 @@ class Switchable(LocalDriver):
     def exists(self, key: str) -> bool:
         self._check(key)
         return super().exists(key)
-
-
-def until(condition: object, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @pytest.fixture
@@ -106,7 +97,7 @@ def test_writers_wait_only_at_the_bound(setup: tuple[Switchable, Workspace], tmp
 
     thread = threading.Thread(target=third)
     thread.start()
-    assert until(lambda: rep.waits >= 1)  # the third writer is held back
+    wait_for(lambda: rep.waits >= 1, 10, "the third writer to be held back", interval=0.01)
     assert not done.is_set()
     driver.up = True  # the uploader drains; the writer goes on
     assert done.wait(10)

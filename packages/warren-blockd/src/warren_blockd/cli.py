@@ -25,6 +25,7 @@ from warren_blockd.gc import DEFAULT_GRACE
 log = logging.getLogger("warren_blockd")
 NOT_IN_STORE = 3  # `replicated`: the workspace has nothing in the store
 UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+QUIET_LOGGERS = ("botocore", "boto3", "urllib3")  # the S3 client logs every request
 
 
 def size(text: str) -> int:
@@ -46,9 +47,9 @@ def open_store(url: str, endpoint: str | None) -> PolicyStore:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from warren_blockd import logs
+    from warren_common import logs
 
-    logs.configure(args.log_level)
+    logs.configure(args.log_level, quiet=QUIET_LOGGERS)
     from warren_blockd import handoff
     from warren_blockd.api import Server
     from warren_blockd.daemon import Daemon, HandoffError, Settings
@@ -187,9 +188,9 @@ def probe(args: argparse.Namespace) -> int:
 
 
 def csi(args: argparse.Namespace) -> int:
-    from warren_blockd import logs
+    from warren_common import logs
 
-    logs.configure(args.log_level)
+    logs.configure(args.log_level, quiet=QUIET_LOGGERS)
     from warren_blockd.csi.server import PluginConfig, endpoint_path, run
 
     try:

@@ -16,13 +16,9 @@ import time
 import uuid
 from pathlib import Path
 
+from warren_common.testing import free_port
+
 from warren_blockd.client import Client
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Weed:

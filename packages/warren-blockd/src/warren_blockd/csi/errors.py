@@ -34,14 +34,8 @@ def invalid(message: str) -> CsiError:
 
 
 def from_api(exc: ApiError, doing: str) -> CsiError:
-    """A daemon refusal, as the status kubelet should act on."""
-    code = API_STATUS.get(exc.code, grpc.StatusCode.INTERNAL)
-    hint = {
-        "split_brain": "; another node wrote this workspace: stop the other writer, then fork from it",
-        "storage": "; object storage did not answer: check the daemon's store and try again",
-        "not_replicated": "; object storage may be unreachable: check the daemon's store",
-    }.get(exc.code, "")
-    return CsiError(code, f"{doing}: {exc}{hint}")
+    """A daemon refusal, as the status kubelet should act on; the daemon's error names the fix."""
+    return CsiError(API_STATUS.get(exc.code, grpc.StatusCode.INTERNAL), f"{doing}: {exc}")
 
 
 def unreachable(socket_path: str, exc: OSError, doing: str) -> CsiError:
