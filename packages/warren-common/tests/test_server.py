@@ -125,6 +125,12 @@ def test_each_error_case(served: tuple[App, Client, Path], caplog: pytest.LogCap
         doc = json.loads(response.read())
         conn.close()
         assert (response.status, doc["error"]) == (400, "bad_request") and doc["fix"], doc
+    conn.putrequest("POST", "/v1/things/c3/echo")
+    conn.putheader("Content-Length", "many")
+    conn.endheaders()
+    response = conn.getresponse()
+    assert (response.status, json.loads(response.read())["error"]) == (400, "bad_request")
+    conn.close()
     conn.request("BREW", "/healthz")  # no such method: still the JSON contract
     response = conn.getresponse()
     assert json.loads(response.read())["error"] == "bad_request"

@@ -113,7 +113,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise RequestError("bad_request", "Content-Length is not a number", "send a JSON body") from None
         data = self.rfile.read(length) if length > 0 else b""
         if not data.strip():
             return {}
