@@ -149,8 +149,8 @@ CONTROL_TESTS := $(if $(CHECKED),-m "integration and not cluster and not scale",
 TYPES = $(if $(CHECKED),true,.venv/bin/mypy)
 
 lint: venv
-	$(BIN)/ruff check src tests packages bench components infra policy agent
-	$(BIN)/ruff format --check src tests packages bench components infra policy agent
+	$(BIN)/ruff check src tests packages bench components infra policy agent plugins
+	$(BIN)/ruff format --check src tests packages bench components infra policy agent plugins
 	$(BIN)/mypy
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint
 
