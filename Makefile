@@ -22,7 +22,7 @@ host:
 venv: $(VENV)/.installed $(VENV)/.control-installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[ansible,conformance,dev]'
 	touch $@
 
 # `warren control-plane` and `warren sandbox` run the control plane's own code, so this

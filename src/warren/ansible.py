@@ -59,6 +59,11 @@ def run_playbook(
     vars_file.parent.mkdir(parents=True, exist_ok=True)
     vars_file.write_text(json.dumps(extra_vars, indent=2, sort_keys=True))
     argv = playbook_command(playbook, vars_file, check)
+    if not Path(argv[0]).is_file():
+        raise PlaybookError(
+            f"{argv[0]} is missing: the playbooks need warren's `ansible` extra in this environment "
+            "(pip install 'warren[ansible]')"
+        )
     result = subprocess.run(
         argv, capture_output=True, text=True, env=playbook_env(), cwd=ansible_dir(), check=False
     )

@@ -921,6 +921,18 @@ def bundle_extract(archive: Path, dest: Path) -> None:
 # -- conformance -------------------------------------------------------------------------
 
 
+def _needs_extra(extra: str, module: str, command: str) -> None:
+    """Stop with the fix when an optional part's dependency is not installed (the core
+    install leaves out ansible-core and pytest)."""
+    from importlib.util import find_spec
+
+    if find_spec(module) is None:
+        raise click.ClickException(
+            f"{command} needs warren's `{extra}` extra, and {module} is not installed here: "
+            f"pip install 'warren[{extra}]'"
+        )
+
+
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option(
     "--kubeconfig",
@@ -935,6 +947,7 @@ def conformance(
     kubeconfig: Path, junitxml: Path | None, config_path: Path | None, pytest_args: tuple[str, ...]
 ) -> None:
     """Run the conformance suite against any cluster (extra arguments go to pytest)."""
+    _needs_extra("conformance", "pytest", "warren conformance")
     from warren.conformance.runner import run
 
     _config(config_path)  # fail early on a bad file

