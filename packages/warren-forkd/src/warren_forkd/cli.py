@@ -38,9 +38,9 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from warren_forkd import logs
+    from warren_common import logs
 
-    logs.configure(args.log_level)
+    logs.configure(args.log_level, quiet=("qemu",))  # the QMP library logs every message
     from warren_forkd.api import Server
     from warren_forkd.daemon import Daemon
 
