@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from warren_common.testing import free_port
 from warren_control import db, store
 from warren_control.kube import Kube, Obj
 from warren_control.podspec import MANAGED_BY_LABEL, PodOptions, pod_for
@@ -40,12 +40,6 @@ from warren_control.sdk import Client
 NAMESPACE = "warren-sandboxes"
 SLEEP = ["sleep", "86400"]
 RESULTS = Path(__file__).parent / "results" / "control.json"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def percentile(values: list[float], fraction: float) -> float:

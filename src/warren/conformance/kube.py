@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,6 +12,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from warren_common.testing import wait_for
 
 Obj = dict[str, Any]
 
@@ -77,17 +77,6 @@ def ephemeral_container(name: str = "debug") -> Obj:
         "command": ["sh"],
         "securityContext": {"allowPrivilegeEscalation": False},
     }
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 @contextmanager

@@ -4,10 +4,12 @@ refused, and the refusal shows up in the owner's events."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from kubernetes import client
+from warren_common.testing import wait_for
 
-from warren.conformance.kube import Obj, sandbox_pod, unique, wait_for
+from warren.conformance.kube import Obj, sandbox_pod, unique
 
 
 def _template(bad: bool) -> Obj:
@@ -45,7 +47,7 @@ def _failed_create_messages(core: client.CoreV1Api, ns: str) -> list[str]:
     return [e.message or "" for e in events if e.reason == "FailedCreate"]
 
 
-def _pods(core: client.CoreV1Api, ns: str, workload: str) -> list[object]:
+def _pods(core: client.CoreV1Api, ns: str, workload: str) -> list[Any]:  # V1Pods (untyped)
     return list(core.list_namespaced_pod(ns, label_selector=f"workload={workload}").items)
 
 
@@ -62,6 +64,7 @@ def test_deployment_bad_pods_refused_with_event(
         ],
         timeout=90,
         what=f"a FailedCreate event naming the rule for {name}",
+        interval=1.0,
     )
     assert messages
     assert _pods(core, sandbox_ns, name) == []
@@ -80,6 +83,7 @@ def test_job_bad_pods_refused_with_event(
         ],
         timeout=90,
         what=f"a FailedCreate event naming the rule for {name}",
+        interval=1.0,
     )
     assert _pods(core, sandbox_ns, name) == []
 
@@ -91,5 +95,5 @@ def test_deployment_good_pods_admitted(
     client.AppsV1Api(api).create_namespaced_deployment(
         sandbox_ns, copy.deepcopy(_deployment(name, bad=False))
     )
-    pods = wait_for(lambda: _pods(core, sandbox_ns, name), timeout=90, what=f"a pod of {name}")
+    pods = wait_for(lambda: _pods(core, sandbox_ns, name), timeout=90, what=f"a pod of {name}", interval=1.0)
     assert all(p.spec.runtime_class_name == "gvisor" for p in pods)
