@@ -2,9 +2,10 @@
 `pulumi up` of the `local` stack create the same Kubernetes objects: the isolation floor and
 Warren's own services as workloads (warren-pulumi-test.yaml).
 
-On a throw-away control plane (control_plane.py: etcd, kube-apiserver, the controllers that
-deletion and rollouts need, a scheduler and one fake kwok node, from the pinned binaries; the
-workloads roll out there, pulumi-kubernetes waits for that, and nothing runs):
+On a throw-away control plane (warren_common.kubecluster, its `workloads` preset: etcd,
+kube-apiserver, the controllers that deletion and rollouts need, a scheduler and one fake kwok
+node, from the pinned binaries; the workloads roll out there, pulumi-kubernetes waits for that,
+and nothing runs):
 
 1. ansible-playbook applies the `admission` role (`warren apply`, server-side apply); once the
    workloads have rolled out, a second run changes nothing. Every object warren's render()
@@ -45,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from control_plane import Api, ControlPlane, Obj
+from kube_api import Api, Obj
+from warren_common.kubecluster import KubeCluster, workloads
 
 from warren.config import load_config
 from warren.render import render
@@ -181,9 +183,9 @@ def checked(result: Result) -> Result:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[ControlPlane]:
+def cluster() -> Iterator[KubeCluster]:
     bin_dir = _env_var("WARREN_BIN_DIR")
-    with ControlPlane(bin_dir, workloads=True) as plane:
+    with KubeCluster(bin_dir, workloads()) as plane:
         yield plane
 
 
@@ -204,7 +206,7 @@ def rendered() -> list[Obj]:
     return objects
 
 
-def _base_env(workdir: Path, cluster: ControlPlane) -> dict[str, str]:
+def _base_env(workdir: Path, cluster: KubeCluster) -> dict[str, str]:
     """The caller's environment without anything that could aim a tool elsewhere: no PULUMI_*
     (backend, tokens, PULUMI_K8S_* provider switches) and no KUBECONFIG but the throw-away one."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "KUBECONFIG", "ANSIBLE_"))}
@@ -232,7 +234,7 @@ class Play:
     failed: int
 
 
-def ansible_play(workdir: Path, cluster: ControlPlane) -> Play:
+def ansible_play(workdir: Path, cluster: KubeCluster) -> Play:
     for tool in ("ansible-playbook", "warren"):
         if not (MAIN_BIN / tool).is_file():
             pytest.fail(f"{MAIN_BIN / tool} is missing: `make venv` installs it")
@@ -273,7 +275,7 @@ class PulumiProject:
     """The Pulumi program (infra/) and the local stack's settings, copied into `root`, with a
     file backend and a PULUMI_HOME of their own and the CLI and plugins of `bin_dir`."""
 
-    def __init__(self, root: Path, bin_dir: Path, cluster: ControlPlane) -> None:
+    def __init__(self, root: Path, bin_dir: Path, cluster: KubeCluster) -> None:
         self.root = root
         self.infra = root / "project" / "infra"
         shutil.copytree(REPO / "infra", self.infra, ignore=shutil.ignore_patterns("__pycache__"))
@@ -421,7 +423,7 @@ def pulumi_bin_dir() -> Path:
 
 
 def ansible_path(
-    cluster: ControlPlane, workdir: Path, rendered: list[Obj], timings: Timings
+    cluster: KubeCluster, workdir: Path, rendered: list[Obj], timings: Timings
 ) -> dict[str, Obj]:
     """The admission role, twice (the second run must change nothing); the objects it made."""
     first = ansible_play(workdir, cluster)
@@ -434,13 +436,13 @@ def ansible_path(
     # As Pulumi waits for it: the objects then carry what their controllers write (a
     # Deployment's revision), on both paths alike.
     started = time.monotonic()
-    wait_rolled_out(cluster.api, rendered)
+    wait_rolled_out(Api(cluster.client), rendered)
     timings.add("the Ansible-made workloads roll out", time.monotonic() - started)
     second = ansible_play(workdir, cluster)
     timings.add("ansible-playbook (second run)", second.result.seconds)
     assert second.result.rc == 0, second.result.describe()
     assert second.changed == 0, f"a second run changed something:\n{second.result.describe()}"
-    objects = dump(cluster.api, rendered)
+    objects = dump(Api(cluster.client), rendered)
     for name, obj in objects.items():
         assert (WARREN_MANAGER, "Apply") in managers(obj), f"{name} was not server-side applied by warren"
     return objects
@@ -472,10 +474,10 @@ def assert_identical(rendered: list[Obj], by_ansible: dict[str, Obj], by_pulumi:
 
 
 def test_pulumi_and_ansible_create_identical_objects(
-    cluster: ControlPlane, workdir: Path, rendered: list[Obj]
+    cluster: KubeCluster, workdir: Path, rendered: list[Obj]
 ) -> None:
     pulumi_bin = pulumi_bin_dir()
-    api = cluster.api
+    api = Api(cluster.client)
     timings = Timings()
     assert rendered, "warren rendered nothing"
     assert len({label(obj) for obj in rendered}) == len(rendered), "render() repeats an object"

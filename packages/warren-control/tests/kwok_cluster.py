@@ -1,13 +1,12 @@
-"""A throw-away control plane for scale tests: etcd, kube-apiserver, kube-scheduler and the
-kwok controller, which plays the kubelet for any number of fake nodes. The Warren floor is
-applied with `warren apply` (so the Sandbox CRD, the RuntimeClass, the controller's RBAC
-and the admission policies are exactly what a real cluster gets), and the controller runs
-as a subprocess with its own ServiceAccount, as in the cluster tier.
+"""The controller's scale test on a throw-away control plane (warren_common.kubecluster:
+etcd, kube-apiserver, kube-scheduler and the kwok controller, which plays the kubelet for any
+number of fake nodes). The Warren floor is applied with `warren apply` (so the Sandbox CRD,
+the RuntimeClass, the controller's RBAC and the admission policies are exactly what a real
+cluster gets), and the controller runs as a subprocess with its own ServiceAccount, as in the
+cluster tier.
 
-Everything lives in a temporary directory and listens on free loopback ports, so it can run
-beside the real local cluster; `stop` kills every process it started and removes the
-directory, also after a failed start. No root needed. No kube-controller-manager: the one
-thing the test needs from it, a namespace's default ServiceAccount, is made here, and its
+No root needed, and it runs beside the real local cluster. No kube-controller-manager: the
+one thing the test needs from it, a namespace's default ServiceAccount, is made here, and its
 node lifecycle and garbage collection would only add load to a measurement of ours.
 
 `reconcile` measures the controller: create M Sandboxes concurrently and time the first
@@ -17,88 +16,49 @@ that and the deletion in one call, for a benchmark.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import ctypes
-import importlib
-import ipaddress
 import os
 import re
-import shutil
-import signal
-import ssl
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any, cast
+from typing import cast
 
-import yaml
-from k8s_helpers import Controller, controller_kubeconfig, sandbox_body, wait_for
+from k8s_helpers import Controller, controller_kubeconfig, sandbox_body
 from kubernetes import client, config, watch
-from localservers import free_port
+from warren_common import kubecluster
+from warren_common.kubecluster import KubeCluster, node_names
+from warren_common.testing import wait_for
 from warren_control.controller import ControllerOptions
 from warren_control.kube import ApiException, Kube, Obj
 from warren_control.podspec import FINALIZER, GROUP, PLURAL, VERSION
 
 REPO = Path(__file__).resolve().parents[3]
-STAGES = Path(__file__).with_name("kwok-stages.yaml")
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
 NAMESPACE = "warren-sandboxes"  # the floor's default sandbox namespace (`warren apply` makes it)
-KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
-NODE_PREFIX = "kwok-node-"
-# Fake addresses: never dialled (no kubelet behind them), only written into objects. The
-# node IP is loopback so that even a stray `kubectl logs` stays on this machine.
-NODE_IP = "127.0.0.1"
-POD_NETWORK = ipaddress.ip_network("10.64.0.0/10")
-START_TIMEOUT = 120.0
-PR_SET_PDEATHSIG = 1
+
+
+def options(node_lease_seconds: int = 600) -> kubecluster.Options:
+    # kwok renews a Lease per node every quarter of node_lease_seconds, as a kubelet does.
+    # Nothing here reads the leases (no node lifecycle controller runs), and at 40 s, 1,000
+    # nodes wrote 100 renewals a second to the API server for the whole test.
+    return kubecluster.Options(
+        scheduler=True, kwok=True, node_lease_seconds=node_lease_seconds, prefix="warren-kwok-"
+    )
 
 
 def missing_binaries(bin_dir: Path) -> list[str]:
-    return [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
+    return kubecluster.missing_binaries(bin_dir, options())
 
 
 def warren_cli() -> Path:
     """The repository's own `warren` command (its virtualenv: `make venv`): it renders and
     applies the floor; this package's virtualenv has neither jinja2 nor the templates."""
     return REPO / ".venv" / "bin" / "warren"
-
-
-def _pki_module() -> Any:
-    # The local cluster's PKI helper (src/warren/cluster/pki.py) needs only cryptography,
-    # which this package's virtualenv has too; the rest of `warren` is not installed here.
-    source = str(REPO / "src")
-    if source not in sys.path:
-        sys.path.append(source)
-    return importlib.import_module("warren.cluster.pki")
-
-
-def _kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path) -> Path:
-    def data(file: Path) -> str:
-        return base64.b64encode(file.read_bytes()).decode()
-
-    body = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "kwok", "cluster": {"server": server, "certificate-authority-data": data(ca)}}],
-        "users": [
-            {"name": "user", "user": {"client-certificate-data": data(cert), "client-key-data": data(key)}}
-        ],
-        "contexts": [{"name": "kwok", "context": {"cluster": "kwok", "user": "user"}}],
-        "current-context": "kwok",
-    }
-    path.write_text(yaml.safe_dump(body))
-    path.chmod(0o600)
-    return path
 
 
 def connect(kubeconfig: Path, pool: int = 64) -> Kube:
@@ -109,22 +69,6 @@ def connect(kubeconfig: Path, pool: int = 64) -> Kube:
     config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
     configuration.connection_pool_maxsize = pool
     return Kube(client.ApiClient(configuration))
-
-
-@dataclass
-class Process:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
 
 
 @dataclass
@@ -147,75 +91,17 @@ def usage_of(pid: int) -> Usage | None:
     return Usage(cpu_seconds=round(cpu, 1), peak_rss_mib=round(peak / 1024, 1))
 
 
-class KwokCluster:
+class KwokCluster(KubeCluster):
     """Start with `with KwokCluster(bin_dir) as cluster:`; `add_nodes` makes fake nodes."""
 
     def __init__(self, bin_dir: Path, *, warren: Path | None = None, node_lease_seconds: int = 600) -> None:
-        self.bin_dir = bin_dir
+        super().__init__(bin_dir, options(node_lease_seconds))
         self.warren = warren or warren_cli()
-        # kwok renews a Lease per node every quarter of this, as a kubelet does; 0: none.
-        # Nothing here reads the leases (no node lifecycle controller runs), and at 40 s,
-        # 1,000 nodes wrote 100 renewals a second to the API server for the whole test.
-        self.node_lease_seconds = node_lease_seconds
-        self.root = Path(tempfile.mkdtemp(prefix="warren-kwok-"))
-        self.pki = self.root / "pki"
-        self.logs = self.root / "logs"
-        self.processes: list[Process] = []
-        self.api_port = free_port()
-        self.server = f"https://127.0.0.1:{self.api_port}"
-        self.admin_kubeconfig = self.root / "admin.kubeconfig"
         self._kube: Kube | None = None
-        self.nodes: list[str] = []
-        self._sigterm: Any = None
-
-    # --- lifecycle ------------------------------------------------------------------------
-
-    def __enter__(self) -> KwokCluster:
-        # A SIGTERM (a CI timeout, `timeout`) would end Python without running any cleanup:
-        # turn it into SystemExit so the processes are stopped and the directory removed.
-        main = threading.current_thread() is threading.main_thread()
-        if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        try:
-            self.start()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        try:
-            self.stop()
-        finally:
-            if self._sigterm is not None:
-                signal.signal(signal.SIGTERM, self._sigterm)
-                self._sigterm = None
 
     def start(self) -> None:
-        self.logs.mkdir()
-        self._issue_certificates()
-        etcd_url = self._start_etcd()
-        self._start_apiserver(etcd_url)
+        super().start()
         self._apply_floor()
-        self._start_scheduler()
-        self._start_kwok()
-
-    def stop(self) -> None:
-        """Kill what was started, newest first, and remove the directory."""
-        for process in reversed(self.processes):
-            if process.alive():
-                process.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for process in reversed(self.processes):
-            try:
-                process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.popen.kill()
-                process.popen.wait(timeout=10)
-        self.processes.clear()
-        shutil.rmtree(self.root, ignore_errors=True)
 
     @property
     def kube(self) -> Kube:
@@ -227,134 +113,13 @@ class KwokCluster:
         found = {p.name: usage_of(p.popen.pid) for p in self.processes if p.alive()}
         return {name: value for name, value in found.items() if value is not None}
 
-    def check_alive(self) -> None:
-        for process in self.processes:
-            if not process.alive():
-                raise RuntimeError(f"{process.name} exited ({process.popen.returncode}):\n{process.tail()}")
-
-    # --- components -----------------------------------------------------------------------
-
-    def _spawn(self, name: str, argv: list[str]) -> Process:
-        log = self.logs / f"{name}.log"
-        with log.open("wb") as out:
-            # A session of its own: a ^C meant for pytest reaches the harness, which then
-            # stops these in order, rather than every process at once. If the harness dies
-            # without stopping them (SIGKILL), the kernel kills them too.
-            popen = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509  # only an async-signal-safe prctl
-            )
-        process = Process(name, popen, log)
-        self.processes.append(process)
-        return process
-
-    def _wait(self, process: Process, ready: Callable[[], bool]) -> None:
-        def check() -> bool:
-            if not process.alive():
-                raise RuntimeError(f"{process.name} exited ({process.popen.returncode}):\n{process.tail()}")
-            try:
-                return ready()
-            except (OSError, ApiException):
-                return False
-
-        try:
-            wait_for(check, START_TIMEOUT, f"{process.name} to be ready", interval=0.2)
-        except AssertionError as exc:
-            raise RuntimeError(f"{exc}\n{process.tail()}") from None
-
-    def _issue_certificates(self) -> None:
-        pki = _pki_module()
-        store = pki.Pki(self.pki)
-        store.ensure_ca("ca", "warren-kwok-ca")
-        store.ensure_leaf(
-            pki.Leaf(
-                "apiserver",
-                "ca",
-                "kube-apiserver",
-                usages=(pki.SERVER,),
-                dns_names=("localhost", "kubernetes.default.svc"),
-                ips=("127.0.0.1",),
-            )
-        )
-        # As the local cluster's admin: the floor guard lets warren:platform manage the floor.
-        store.ensure_leaf(
-            pki.Leaf("admin", "ca", "warren-admin", organizations=("system:masters", "warren:platform"))
-        )
-        store.ensure_leaf(pki.Leaf("scheduler", "ca", "system:kube-scheduler"))
-        store.ensure_keypair("sa")
-        ca = self.pki / "ca.crt"
-        _kubeconfig(self.admin_kubeconfig, self.server, ca, self.pki / "admin.crt", self.pki / "admin.key")
-        _kubeconfig(
-            self.root / "scheduler.kubeconfig",
-            self.server,
-            ca,
-            self.pki / "scheduler.crt",
-            self.pki / "scheduler.key",
-        )
-
-    def _start_etcd(self) -> str:
-        client_url = f"http://127.0.0.1:{free_port()}"
-        peer_url = f"http://127.0.0.1:{free_port()}"
-        etcd = self._spawn(
-            "etcd",
-            [
-                str(self.bin_dir / "etcd"),
-                "--name=kwok",
-                f"--data-dir={self.root / 'etcd'}",
-                f"--listen-client-urls={client_url}",
-                f"--advertise-client-urls={client_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=kwok={peer_url}",
-                # A store thrown away after the test: waiting for a shared disk's fsync would
-                # measure the disk, not the controller.
-                "--unsafe-no-fsync",
-                "--quota-backend-bytes=8589934592",
-                "--log-level=warn",
-            ],
-        )
-        self._wait(etcd, lambda: _http_ok(f"{client_url}/health"))
-        return client_url
-
-    def _start_apiserver(self, etcd_url: str) -> None:
-        pki = self.pki
-        apiserver = self._spawn(
-            "kube-apiserver",
-            [
-                str(self.bin_dir / "kube-apiserver"),
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={self.api_port}",
-                f"--cert-dir={self.root / 'apiserver'}",
-                f"--etcd-servers={etcd_url}",
-                f"--client-ca-file={pki / 'ca.crt'}",
-                f"--tls-cert-file={pki / 'apiserver.crt'}",
-                f"--tls-private-key-file={pki / 'apiserver.key'}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki / 'sa.pub'}",
-                f"--service-account-signing-key-file={pki / 'sa.key'}",
-                "--service-cluster-ip-range=10.96.0.0/16",
-                "--authorization-mode=Node,RBAC",
-                # It taints every new node not-ready, and only the controller manager's node
-                # lifecycle controller (not run here) would lift the taint.
-                "--disable-admission-plugins=TaintNodesByCondition",
-                "--profiling=false",
-            ],
-        )
-        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
-        self._wait(apiserver, lambda: _http_ok(f"{self.server}/readyz", context))
-
     def _apply_floor(self) -> None:
         if not os.access(self.warren, os.X_OK):
             raise RuntimeError(f"{self.warren} is missing: `make venv` installs the warren command")
         env = {**os.environ, "WARREN_HOME": str(self.root / "home")}  # never the real cluster's state
         # The floor alone: this cluster's controller is the test's, and no kwok node may
         # "run" Warren's own workloads.
-        floor = Path(__file__).resolve().parents[3] / "tests" / "cluster" / "warren-floor.yaml"
+        floor = REPO / "tests" / "cluster" / "warren-floor.yaml"
         done = subprocess.run(
             [str(self.warren), "apply", "--config", str(floor), "--kubeconfig", str(self.admin_kubeconfig)],
             capture_output=True,
@@ -370,48 +135,6 @@ class KwokCluster:
             "POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", body={"metadata": {"name": "default"}}
         )
 
-    def _start_scheduler(self) -> None:
-        settings = self.root / "scheduler.yaml"
-        settings.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kubescheduler.config.k8s.io/v1",
-                    "kind": "KubeSchedulerConfiguration",
-                    # The default 50 requests/s would make binding, not the controller, the
-                    # limit on how fast 5,000 pods start.
-                    "clientConnection": {
-                        "kubeconfig": str(self.root / "scheduler.kubeconfig"),
-                        "qps": 500,
-                        "burst": 1000,
-                    },
-                    "leaderElection": {"leaderElect": False},
-                }
-            )
-        )
-        self._spawn(
-            "kube-scheduler",
-            [str(self.bin_dir / "kube-scheduler"), f"--config={settings}", "--secure-port=0"],
-        )
-
-    def _start_kwok(self) -> None:
-        key, value = KWOK_ANNOTATION
-        self._spawn(
-            "kwok",
-            [
-                str(self.bin_dir / "kwok"),
-                f"--config={STAGES}",
-                f"--kubeconfig={self.admin_kubeconfig}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={key}={value}",
-                f"--node-ip={NODE_IP}",
-                f"--node-lease-duration-seconds={self.node_lease_seconds}",
-                "-v=WARN",  # at INFO it logs every lease renewal
-            ],
-        )
-        # kwok has no readiness endpoint: add_nodes waits for the nodes it makes Ready.
-        time.sleep(1)
-        self.check_alive()
-
     # --- nodes ----------------------------------------------------------------------------
 
     def add_nodes(self, count: int, threads: int = 16) -> list[str]:
@@ -419,59 +142,16 @@ class KwokCluster:
         whatever the RuntimeClass's scheduling asks for, so sandbox pods can land there."""
         runtime_class = self.kube.request("GET", "/apis/node.k8s.io/v1/runtimeclasses/gvisor")
         scheduling = runtime_class.get("scheduling") or {}
-        labels = dict(scheduling.get("nodeSelector") or {})
+        labels = {**(scheduling.get("nodeSelector") or {}), "type": "kwok"}
         taints = [
             {"key": t["key"], "value": t.get("value", ""), "effect": t["effect"]}
             for t in scheduling.get("tolerations") or []
             if t.get("key") and t.get("effect") and t.get("operator", "Equal") == "Equal"
         ]
-        first = len(self.nodes)
-        names = [f"{NODE_PREFIX}{i:04d}" for i in range(first, first + count)]
-        subnets = POD_NETWORK.subnets(new_prefix=24)
-        cidrs = [str(next(subnets)) for _ in range(first + count)][first:]
-
-        def create(index: int) -> None:
-            name = names[index]
-            self.kube.request(
-                "POST",
-                "/api/v1/nodes",
-                body={
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {
-                        "name": name,
-                        "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]},
-                        "labels": {
-                            **labels,
-                            "type": "kwok",
-                            "kubernetes.io/hostname": name,
-                            "kubernetes.io/os": "linux",
-                            "kubernetes.io/arch": "amd64",
-                        },
-                    },
-                    # kwok hands out pod IPs from the node's range (strings only, never used).
-                    "spec": {"podCIDR": cidrs[index], "podCIDRs": [cidrs[index]], "taints": taints},
-                },
-            )
-
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(create, range(count)))
-        self.nodes.extend(names)
-
-        def all_ready() -> bool:
-            self.check_alive()
-            return self.ready_nodes() >= len(self.nodes)
-
-        wait_for(all_ready, 60 + count / 10, f"{len(self.nodes)} kwok nodes to be Ready", interval=1)
-        return names
-
-    def ready_nodes(self) -> int:
-        ready = 0
-        for node in list_all(self.kube, "/api/v1/nodes"):
-            conditions = (node.get("status") or {}).get("conditions") or []
-            if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
-                ready += 1
-        return ready
+        names = node_names(count, first=len(self.nodes))
+        return self.add_fake_nodes(
+            names, labels=labels, taints=taints, threads=threads, timeout=60 + count / 10
+        )
 
     # --- the controller -------------------------------------------------------------------
 
@@ -490,20 +170,6 @@ class KwokCluster:
             yield process
         finally:
             process.stop()
-
-
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
-    with urllib.request.urlopen(url, timeout=5, context=context) as response:  # noqa: S310  # our own loopback URL
-        return int(response.status) == 200
 
 
 # Writes only the controller makes: its pods, its finalizer and kopf's state, its status.
