@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from api_stack import Stack
-from localservers import free_port
+from warren_common.testing import free_port
 from warren_control import cli, store
 from warren_control.api import document
 from warren_control.db import make_engine, session_factory
@@ -199,7 +199,11 @@ def test_serve_runs_the_api_behind_the_edge(tmp_path: Path) -> None:
     api_port, edge_port = free_port(), free_port()
     common = ["--database-url", url, "--stamp-key-file", str(key_file)]
     program = [sys.executable, "-m", "warren_control.cli", "serve"]
-    api = subprocess.Popen([*program, "--role", "api", "--port", str(api_port), "--migrate", *common])
+    api_log = tmp_path / "api.log"
+    with api_log.open("wb") as sink:
+        api = subprocess.Popen(
+            [*program, "--role", "api", "--port", str(api_port), "--migrate", *common], stderr=sink
+        )
     processes = [api]
     try:
         _until_up(f"http://127.0.0.1:{api_port}/healthz", api)
@@ -232,3 +236,10 @@ def test_serve_runs_the_api_behind_the_edge(tmp_path: Path) -> None:
         for process in processes:
             process.terminate()
             process.wait(timeout=30)
+    # Logs are JSON lines, uvicorn's included: its access line also as fields.
+    lines = [json.loads(line) for line in api_log.read_text().splitlines()]
+    assert any(line["event"] == "Application startup complete." for line in lines)
+    assert any(
+        (line["logger"], line.get("path"), line.get("status")) == ("uvicorn.access", "/v1/sandboxes", 401)
+        for line in lines
+    )

@@ -33,6 +33,9 @@ from warren_control.workspaces import DEFAULT_RETENTION_S
 
 DEFAULT_EDGE_PORT = 8080
 DEFAULT_API_PORT = 8081
+# Libraries that log each request or connection at info (the edge's proxying through httpx,
+# the Kubernetes client's pool, kopf's liveness endpoint, alembic's plugin setup): their warnings only.
+QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "kubernetes", "aiohttp.access", "alembic.runtime.plugins")
 
 
 # --- serve -------------------------------------------------------------------------------------
@@ -178,6 +181,34 @@ def _tls(args: argparse.Namespace) -> _Tls:
     return _Tls(cert, key)
 
 
+def _configure_logs(level: str) -> None:
+    """JSON lines on stderr for everything a role logs: its own loggers, uvicorn's (which
+    propagate to the root's handler: no log config of uvicorn's own) and kopf's."""
+    import logging
+
+    from warren_common import logs
+
+    logs.configure(level, quiet=QUIET_LOGGERS)
+    logging.getLogger("uvicorn.access").addFilter(_access_fields)
+    logging.getLogger("kopf.objects").addFilter(_object_fields)
+
+
+def _access_fields(record: Any) -> bool:
+    """uvicorn's access line, also as fields: (client, method, path, HTTP version, status)."""
+    if isinstance(record.args, tuple) and len(record.args) == 5:  # noqa: PLR2004
+        client, method, path, _version, status = record.args
+        record.fields = {"client": client, "method": method, "path": path, "status": status}
+    return True
+
+
+def _object_fields(record: Any) -> bool:
+    """Which Sandbox a kopf handler's line is about (its own formatter prefixes the name)."""
+    ref = getattr(record, "k8s_ref", None)
+    if isinstance(ref, dict):
+        record.fields = {"namespace": ref.get("namespace"), "name": ref.get("name"), "kind": ref.get("kind")}
+    return True
+
+
 def _server(app: Any, host: str, port: int, tls: _Tls) -> Any:
     import uvicorn
 
@@ -186,6 +217,7 @@ def _server(app: Any, host: str, port: int, tls: _Tls) -> Any:
         host=host,
         port=port,
         log_level="info",
+        log_config=None,  # uvicorn's loggers propagate to the JSON handler (_configure_logs)
         proxy_headers=False,
         ssl_certfile=tls.cert,
         ssl_keyfile=tls.key,
@@ -224,6 +256,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     role = args.role
     stop = threading.Event()
     tls = _tls(args)
+    _configure_logs(args.log_level)
     if role == "api":
         # Without a mirror deployed, reads converge each record from the cluster themselves.
         settings = _api_settings(args, read_through=not args.no_read_through)
@@ -476,6 +509,7 @@ def _serve_parser(commands: Any) -> None:
         "--role", choices=["api", "edge", "controller", "mirror", "reaper", "all"], required=True
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (edge, api)")
+    serve.add_argument("--log-level", default="info", help="logs are JSON lines on stderr, one event each")
     serve.add_argument("--port", type=int, help=f"port (edge {DEFAULT_EDGE_PORT}, api {DEFAULT_API_PORT})")
     serve.add_argument("--api-port", type=int, help="with --role all: the API's loopback port")
     serve.add_argument("--api-url", help="with --role edge: where the API listens")
