@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from localservers import free_port
 from sqlalchemy import create_engine, text
+from warren_common.testing import free_port
 
 # --- PostgreSQL --------------------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ from k8s_helpers import (
     delete_namespace,
     make_namespace,
     strip_finalizers,
-    wait_for,
 )
+from warren_common.testing import wait_for
 from warren_control.kube import Kube
 
 

@@ -9,34 +9,21 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
+from warren_common.testing import wait_for as wait_for  # noqa: PLC0414 (kwok_cluster.py imports it from here)
 from warren_control.kube import ApiException, Kube, Obj
 from warren_control.podspec import SANDBOX_UID_LABEL, controller_uid
-
-T = TypeVar("T")
 
 FLOOR_NAMESPACE = "warren-sandboxes"  # made by `warren apply`; test namespaces copy its labels
 CONTROLLER_SA = ("warren-system", "warren-controller")
 # Small enough that a dozen sandboxes fit a two-CPU test machine; enough memory for gVisor's
 # own processes, which share the pod's limit.
 SMALL = {"cpu": "50m", "memory": "128Mi"}
-
-
-def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def sandbox_body(name: str, image: str, **spec: Any) -> Obj:

@@ -23,16 +23,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from starlette.types import ASGIApp
+from warren_common.testing import free_port as free_port  # noqa: PLC0414 (kwok_cluster.py imports it from here)
 from warren_control.identity import Identity, add_identity_error_handler, require_identity
 
 AUDIENCE = "warren-api"
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now (the OS's pick)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager

@@ -12,9 +12,10 @@ import time
 from typing import Any
 
 import pytest
-from k8s_helpers import Controller, live, pods_of, sandbox_body, wait_for
+from k8s_helpers import Controller, live, pods_of, sandbox_body
 from kubernetes import client
 from kubernetes.stream import stream
+from warren_common.testing import wait_for
 from warren_control.controller import FINALIZER
 from warren_control.kube import Kube, Obj
 from warren_control.podspec import controller_uid, pod_name

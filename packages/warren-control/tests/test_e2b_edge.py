@@ -39,13 +39,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from e2b import Sandbox
-from localservers import free_port
 from test_e2b_api import (  # noqa: F401 (fixtures, used by name)
     agent_binary,
     e2b_stack,
     new_org,
     run_pod,
 )
+from warren_common.testing import free_port
 from warren_control import cli
 from warren_control.podspec import AGENT_PORT
 

@@ -12,7 +12,8 @@ from http import HTTPStatus
 from pathlib import Path
 
 import pytest
-from k8s_helpers import Controller, controller_kubeconfig, live, pods_of, sandbox_body, wait_for
+from k8s_helpers import Controller, controller_kubeconfig, live, pods_of, sandbox_body
+from warren_common.testing import wait_for
 from warren_control.kube import ApiException, Kube, Obj
 from warren_control.leader import EXIT_LOST
 
