@@ -20,9 +20,9 @@ host:
 	tools/check-host.sh
 
 venv: $(VENV)/.installed $(VENV)/.control-installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(COMMON)/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[ansible,conformance,dev]'
+	$(BIN)/pip install --quiet -e '$(COMMON)' -e '.[ansible,conformance,dev]'
 	touch $@
 
 # `warren control-plane` and `warren sandbox` run the control plane's own code, so this
