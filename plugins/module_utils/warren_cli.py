@@ -9,6 +9,7 @@ that reads that output, so the roles no longer parse it themselves.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 WARREN_OPTION: dict[str, Any] = {"type": "str", "default": "warren"}
@@ -54,3 +55,17 @@ def run_json(module: Any, argv: list[str], data: str | None = None, cwd: str | N
 def listing(prefix: str, names: list[str]) -> str:
     """A diff's prepared text: one line per name."""
     return "".join(f"{prefix} {name}\n" for name in names)
+
+
+def run_module(
+    argument_spec: dict[str, Any],
+    command: Callable[[dict[str, Any], bool], list[str]],
+    outcome: Callable[[dict[str, Any], bool], dict[str, Any]],
+) -> None:
+    """A module's whole run: its command (check mode passed on), the document it prints, the
+    task's result from that (a diff when asked)."""
+    from ansible.module_utils.basic import AnsibleModule
+
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    document = run_json(module, command(module.params, module.check_mode))
+    module.exit_json(**outcome(document, module._diff))

@@ -28,11 +28,9 @@ description:
   - Reports changed only when an image was imported.
 version_added: "0.1.0"
 author: Warren maintainers
+extends_documentation_fragment:
+  - warren.platform.warren
 options:
-  warren:
-    description: The warren command (a path, or a name found on C(PATH)).
-    type: str
-    default: warren
   containerd:
     description: The node's containerd socket.
     type: path

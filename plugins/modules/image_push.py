@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.warren.platform.plugins.module_utils.warren_cli import (
     WARREN_OPTION,
     listing,
-    run_json,
+    run_module,
     with_config,
 )
 
@@ -24,11 +23,9 @@ description:
   - Reports changed only when an image was pushed.
 version_added: "0.1.0"
 author: Warren maintainers
+extends_documentation_fragment:
+  - warren.platform.warren
 options:
-  warren:
-    description: The warren command (a path, or a name found on C(PATH)).
-    type: str
-    default: warren
   bundle:
     description: The extracted bundle.
     type: path
@@ -103,9 +100,7 @@ def outcome(document: dict[str, Any], diff: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    document = run_json(module, command(module.params, module.check_mode))
-    module.exit_json(**outcome(document, module._diff))
+    run_module(ARGUMENT_SPEC, command, outcome)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,9 @@ description:
     in O(record_dir) for C(warren sandbox); reports changed only when a record changed.
 version_added: "0.1.0"
 author: Warren maintainers
+extends_documentation_fragment:
+  - warren.platform.warren
 options:
-  warren:
-    description: The warren command (a path, or a name found on C(PATH)).
-    type: str
-    default: warren
   kubeconfig:
     description: A kubeconfig allowed to read C(warren-system).
     type: path

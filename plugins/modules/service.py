@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.warren.platform.plugins.module_utils.warren_cli import WARREN_OPTION, run_json
+from ansible_collections.warren.platform.plugins.module_utils.warren_cli import WARREN_OPTION, run_module
 
 DOCUMENTATION = r"""
 ---
@@ -19,11 +18,9 @@ description:
   - Reports changed when it started or restarted the service.
 version_added: "0.1.0"
 author: Warren maintainers
+extends_documentation_fragment:
+  - warren.platform.warren
 options:
-  warren:
-    description: The warren command (a path, or a name found on C(PATH)).
-    type: str
-    default: warren
   unit_file:
     description: The service unit file (systemd's syntax) to run.
     type: path
@@ -122,9 +119,7 @@ def outcome(document: dict[str, Any], diff: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    document = run_json(module, command(module.params, module.check_mode))
-    module.exit_json(**outcome(document, module._diff))
+    run_module(ARGUMENT_SPEC, command, outcome)
 
 
 if __name__ == "__main__":

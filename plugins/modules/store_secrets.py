@@ -25,11 +25,9 @@ description:
   - Reports changed when a Secret was created or updated. Values are never returned or shown.
 version_added: "0.1.0"
 author: Warren maintainers
+extends_documentation_fragment:
+  - warren.platform.warren
 options:
-  warren:
-    description: The warren command (a path, or a name found on C(PATH)).
-    type: str
-    default: warren
   kubeconfig:
     description: A kubeconfig allowed to write Secrets in warren-system.
     type: path
