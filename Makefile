@@ -227,7 +227,8 @@ cluster-test: venv $(CONTROL)/.venv/.installed $(BLOCKD)/.venv/.installed
 # with. infra/Pulumi.yaml and policy/PulumiPolicy.yaml name this environment too.
 $(PULUMI)/.venv/.installed: pyproject.toml $(PULUMI)/pyproject.toml $(COMMON)/pyproject.toml
 	$(PYTHON) -m venv $(PULUMI)/.venv
-	$(PULUMI)/.venv/bin/pip install --quiet -e . -e '$(COMMON)[kubecluster]' -e '$(PULUMI)[policy,test]'
+	# warren-common first: pip finds a local package another one depends on only when it is named before.
+	$(PULUMI)/.venv/bin/pip install --quiet -e '$(COMMON)[kubecluster]' -e . -e '$(PULUMI)[policy,test]'
 	touch $@
 
 # Unit tests with Pulumi's mocks (no CLI, no cloud, no cluster) and the policy pack's rules.
