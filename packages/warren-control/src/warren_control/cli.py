@@ -523,6 +523,24 @@ def _serve_parser(commands: Any) -> None:
     )
     serve.add_argument("--gpu", action="store_true", help="the cluster has GPUs")
     serve.add_argument("--memory-capture", action="store_true", help="memory capture is available")
+    _workspace_arguments(serve)
+    add_request_arguments(serve)
+    _e2b_and_edge_arguments(serve)
+    # The controller, the mirror and the reaper run only while this replica leads; the
+    # edge and the API serve in every one.
+    add_arguments(serve)
+    serve.add_argument("--resync-seconds", type=float, default=60.0, help="mirror: full pass interval")
+    # Short: an E2B sandbox's timeout is an end time a client expects kept within seconds, and
+    # a sweep is one indexed query.
+    serve.add_argument("--reap-interval", type=float, default=5.0, help="reaper: seconds between sweeps")
+    serve.add_argument("--oidc-issuer", help="edge: accept bearer tokens from this issuer")
+    serve.add_argument("--oidc-audience", help="edge: the audience tokens must name")
+    serve.add_argument("--oidc-org-claim", default="org", help="edge: the claim naming the organization")
+    serve.set_defaults(handler=cmd_serve)
+
+
+def _workspace_arguments(serve: Any) -> None:
+    """serve: the workspace layer's options."""
     serve.add_argument(
         "--workspaces",
         action="store_true",
@@ -554,7 +572,10 @@ def _serve_parser(commands: Any) -> None:
         default="IfNotPresent",
         help="controller: the sandbox pods' image pull policy",
     )
-    add_request_arguments(serve)
+
+
+def _e2b_and_edge_arguments(serve: Any) -> None:
+    """serve: the E2B surface's and the edge's options."""
     serve.add_argument(
         "--template",
         action="append",
@@ -587,17 +608,6 @@ def _serve_parser(commands: Any) -> None:
         action="store_true",
         help="api: answer reads from the records alone (a status mirror is deployed)",
     )
-    # The controller, the mirror and the reaper run only while this replica leads; the
-    # edge and the API serve in every one.
-    add_arguments(serve)
-    serve.add_argument("--resync-seconds", type=float, default=60.0, help="mirror: full pass interval")
-    # Short: an E2B sandbox's timeout is an end time a client expects kept within seconds, and
-    # a sweep is one indexed query.
-    serve.add_argument("--reap-interval", type=float, default=5.0, help="reaper: seconds between sweeps")
-    serve.add_argument("--oidc-issuer", help="edge: accept bearer tokens from this issuer")
-    serve.add_argument("--oidc-audience", help="edge: the audience tokens must name")
-    serve.add_argument("--oidc-org-claim", default="org", help="edge: the claim naming the organization")
-    serve.set_defaults(handler=cmd_serve)
 
 
 def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command tree, in one place)
