@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 WARREN_OPTION: dict[str, Any] = {"type": "str", "default": "warren"}
@@ -67,5 +68,10 @@ def run_module(
     from ansible.module_utils.basic import AnsibleModule
 
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    document = run_json(module, command(module.params, module.check_mode))
+    argv = command(module.params, module.check_mode)
+    if module.check_mode and Path(argv[0]).is_absolute() and not Path(argv[0]).exists():
+        # Check mode on a host the run has not installed yet: the install's task was only
+        # planned, so everything after it would change too.
+        module.exit_json(changed=True, msg=f"{argv[0]} is not installed yet; the run installs it first")
+    document = run_json(module, argv)
     module.exit_json(**outcome(document, module._diff))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ansible_collections.warren.platform.plugins.module_utils.warren_cli import WARREN_OPTION, run_module
@@ -15,7 +16,9 @@ description:
     when the unit or an environment file it reads changed (or O(restart) says a file it reads
     changed), or leaves a running, current, healthy service alone (C(warren service up)).
   - Waits until it is healthy (O(health_url) answers 200, or O(health_command) exits 0).
-  - Reports changed when it started or restarted the service.
+  - With O(state=stopped), stops it instead (SIGTERM, then SIGKILL after the unit's stop
+    timeout; C(warren service down)).
+  - Reports changed when it started, restarted or stopped the service.
 version_added: "0.1.0"
 author: Warren maintainers
 extends_documentation_fragment:
@@ -45,8 +48,13 @@ options:
     description: Restart even if the unit is unchanged (a file it reads at start changed).
     type: bool
     default: false
+  state:
+    description: Whether the service runs (V(started)) or not (V(stopped)).
+    type: str
+    choices: [started, stopped]
+    default: started
 notes:
-  - Supports check mode (says whether it would start or restart, and does neither) and diff.
+  - Supports check mode (says whether it would start, restart or stop, and does none of it) and diff.
 """
 
 EXAMPLES = r"""
@@ -68,7 +76,7 @@ action:
   description: What was done (would be done, in check mode).
   returned: success
   type: str
-  choices: [unchanged, started, restarted]
+  choices: [unchanged, started, restarted, stopped]
 pid:
   description: The running service's process id; null when it does not run.
   returned: success
@@ -83,10 +91,15 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "health_url": {"type": "str", "default": ""},
     "health_command": {"type": "str", "default": ""},
     "restart": {"type": "bool", "default": False},
+    "state": {"type": "str", "choices": ["started", "stopped"], "default": "started"},
 }
 
 
 def command(params: dict[str, Any], check_mode: bool) -> list[str]:
+    if params["state"] == "stopped":
+        name = Path(params["unit_file"]).name.removesuffix(".service")
+        argv = [params["warren"], "service", "down", name, "--state-dir", params["state_dir"]]
+        return [*argv, "--unit-file", params["unit_file"], *(["--check"] if check_mode else [])]
     argv = [params["warren"], "service", "up", params["unit_file"]]
     argv += ["--state-dir", params["state_dir"], "--timeout", str(params["timeout"])]
     if params["health_url"]:
@@ -101,6 +114,12 @@ def command(params: dict[str, Any], check_mode: bool) -> list[str]:
 
 
 def outcome(document: dict[str, Any], diff: bool) -> dict[str, Any]:
+    if "action" not in document:  # `service down` says only whether it ran
+        action = "stopped" if document["changed"] else "unchanged"
+        stopped: dict[str, Any] = {"changed": bool(document["changed"]), "name": str(document["name"])}
+        if diff and stopped["changed"]:
+            stopped["diff"] = {"before": "running\n", "after": "stopped\n"}
+        return {**stopped, "action": action, "pid": None}
     action = str(document["action"])
     result: dict[str, Any] = {
         "changed": bool(document["changed"]),

@@ -172,19 +172,25 @@ def control_plane() -> None:
     help="A kubeconfig that may read Secrets in warren-system (the cluster's admin).",
 )
 @click.option("--output", type=click.Path(path_type=Path, dir_okay=False), required=True)
-def control_plane_kubeconfig(admin_kubeconfig: Path, output: Path) -> None:
+@click.option("--check", is_flag=True, help="Only say whether OUTPUT would change; write nothing.")
+def control_plane_kubeconfig(admin_kubeconfig: Path, output: Path, check: bool) -> None:
     """Write (0600) a kubeconfig for the control plane's own ServiceAccount, warren-controller,
     unless OUTPUT already holds it. Prints JSON saying whether it changed (for installers)."""
     import json
 
+    from warren_common.files import write_private
+
     from warren.controlplane import access
-    from warren.controlplane.local import write_private
 
     try:
         token = access.service_account_token(admin_kubeconfig)
     except (access.AccessError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
-    changed = write_private(output, access.kubeconfig_for_token(admin_kubeconfig, token))
+    wanted = access.kubeconfig_for_token(admin_kubeconfig, token)
+    if check:
+        changed = not (output.is_file() and output.read_text() == wanted)
+    else:
+        changed = write_private(output, wanted)
     click.echo(json.dumps({"changed": changed, "path": str(output)}))
 
 
@@ -256,14 +262,19 @@ def service_up(  # noqa: PLR0917 (click passes every option by position)
 @click.argument("name")
 @state_dir_option
 @click.option("--unit-file", type=click.Path(path_type=Path, dir_okay=False), help="For its TimeoutStopSec.")
-def service_down(name: str, state_dir: Path | None, unit_file: Path | None) -> None:
+@click.option("--check", is_flag=True, help="Only say whether it runs (would be stopped); stop nothing.")
+def service_down(name: str, state_dir: Path | None, unit_file: Path | None, check: bool) -> None:
     """Stop the service NAME (SIGTERM, then SIGKILL after its stop timeout). Prints JSON."""
     import json
 
     from warren.services import runner, unit
 
-    loaded = unit.load(unit_file) if unit_file and unit_file.is_file() else None
-    stopped = runner.down(_supervisor(state_dir), loaded, name)
+    supervisor = _supervisor(state_dir)
+    if check:
+        stopped = supervisor.running(name) is not None
+    else:
+        loaded = unit.load(unit_file) if unit_file and unit_file.is_file() else None
+        stopped = runner.down(supervisor, loaded, name)
     click.echo(json.dumps({"name": name, "changed": stopped}))
 
 

@@ -202,6 +202,8 @@ def site(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Site:
                 "ansible_user": "root",
                 "ansible_ssh_common_args": ssh_args,
                 "ansible_python_interpreter": "/usr/bin/python3",
+                # The lab's hosts make new SSH host keys each run.
+                "ansible_host_key_checking": False,
             },
         }
     }

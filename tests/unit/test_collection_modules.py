@@ -202,6 +202,58 @@ def test_platform_ready_records_only_outside_check_mode() -> None:
     assert done == {"changed": False, "url": "http://h:8080", "key_file": None}
 
 
+def test_service_stops_by_the_units_name() -> None:
+    service = _module("service")
+    params = _params("service", unit_file="/u/warren-x.service", state_dir="/s", state="stopped")
+    run = ["warren", "service", "down", "warren-x", "--state-dir", "/s", "--unit-file", "/u/warren-x.service"]
+    assert service.command(params, check_mode=False) == run
+    assert service.command(params, check_mode=True) == [*run, "--check"]
+    stopped = service.outcome({"name": "warren-x", "changed": True}, diff=True)
+    assert stopped == {
+        "changed": True,
+        "name": "warren-x",
+        "action": "stopped",
+        "pid": None,
+        "diff": {"before": "running\n", "after": "stopped\n"},
+    }
+    assert service.outcome({"name": "warren-x", "changed": False}, diff=True)["action"] == "unchanged"
+
+
+def test_control_plane_kubeconfig_never_shows_the_token() -> None:
+    kubeconfig = _module("control_plane_kubeconfig")
+    params = _params("control_plane_kubeconfig", admin_kubeconfig="/admin", output="/o/c.kubeconfig")
+    run = [
+        "warren",
+        "control-plane",
+        "kubeconfig",
+        "--admin-kubeconfig",
+        "/admin",
+        "--output",
+        "/o/c.kubeconfig",
+    ]
+    assert kubeconfig.command(params, check_mode=False) == run
+    assert kubeconfig.command(params, check_mode=True) == [*run, "--check"]
+    done = kubeconfig.outcome({"changed": True, "path": "/o/c.kubeconfig"}, diff=True)
+    assert done["changed"] is True and "token" in done["diff"]["after"]
+    assert kubeconfig.outcome({"changed": False, "path": "/o/c.kubeconfig"}, diff=True) == {
+        "changed": False,
+        "path": "/o/c.kubeconfig",
+    }
+
+
+def test_control_plane_bootstrap_says_what_it_migrated_and_made() -> None:
+    bootstrap = _module("control_plane_bootstrap")
+    params = _params("control_plane_bootstrap", warren_control="/e/bin/warren-control", key_file="/k")
+    run = ["/e/bin/warren-control", "admin", "bootstrap", "--key-file", "/k", "--org", "default"]
+    run += ["--user", "admin"]
+    assert bootstrap.command(params, check_mode=False) == run
+    assert bootstrap.command(params, check_mode=True) == [*run, "--check"]
+    first = bootstrap.outcome({"migrated": True, "created": True, "org": "default"}, diff=True)
+    assert first["changed"] is True and first["diff"]["after"].count("\n") == 2
+    again = bootstrap.outcome({"migrated": False, "created": False, "org": "default"}, diff=True)
+    assert again == {"changed": False, "migrated": False, "created": False}
+
+
 # -- each module run as Ansible runs it ----------------------------------------------------
 
 
@@ -272,6 +324,15 @@ def test_building_images_is_skipped_in_check_mode(tmp_path: Path) -> None:
     assert not (tmp_path / "called.json").exists()
 
 
+def test_check_mode_before_the_install_says_it_would_change(tmp_path: Path) -> None:
+    # A first run in check mode: the package install was only planned, so the command is absent.
+    missing = tmp_path / "env" / "bin" / "warren-control"
+    args = {"warren_control": str(missing), "key_file": "/k"}
+    result = _run(tmp_path, "control_plane_bootstrap", args, check=True)
+    assert result["changed"] is True and "not installed yet" in result["msg"]
+    assert _run(tmp_path, "control_plane_bootstrap", args)["failed"] is True
+
+
 def test_store_secrets_never_returns_a_value(tmp_path: Path) -> None:
     url = f"postgresql+psycopg://warren:{PASSWORD}@10.0.10.5/warren"
     secrets = {"warren-database": "created"}
@@ -296,6 +357,7 @@ FRAGMENTS = {
 
 def test_every_module_is_documented_and_supports_check_mode() -> None:
     expected = {"apply", "image_import", "image_push", "platform_ready", "service", "store_secrets"}
+    expected |= {"control_plane_bootstrap", "control_plane_kubeconfig"}
     assert expected <= set(MODULES)
     for name in MODULES:
         module = _module(name)

@@ -127,9 +127,15 @@ def test_the_cli_prints_what_it_did_as_json(tmp_path: Path) -> None:
     assert json.loads(second.stdout.strip().splitlines()[-1])["changed"] is False
     status = cli.invoke(main, ["service", "status", "cli", "--state-dir", state])
     assert status.exit_code == 0 and json.loads(status.stdout)["pid"] == said["pid"]
+    planned = cli.invoke(main, ["service", "down", "cli", "--state-dir", state, "--check"])
+    assert json.loads(planned.stdout) == {"name": "cli", "changed": True}
+    assert cli.invoke(main, ["service", "status", "cli", "--state-dir", state]).exit_code == 0
     down = cli.invoke(main, ["service", "down", "cli", "--state-dir", state])
     assert json.loads(down.stdout) == {"name": "cli", "changed": True}
     assert cli.invoke(main, ["service", "status", "cli", "--state-dir", state]).exit_code == 1
+    for check in ((), ("--check",)):
+        again = cli.invoke(main, ["service", "down", "cli", "--state-dir", state, *check])
+        assert json.loads(again.stdout) == {"name": "cli", "changed": False}
 
 
 def test_restart_is_forced_when_asked(tmp_path: Path) -> None:

@@ -176,10 +176,24 @@ def test_bootstrap_from_the_command_line_says_whether_it_acted(
     records_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     key_file = tmp_path / "first-key"
-    code, out, _ = run(capsys, records_url, "bootstrap", "--key-file", str(key_file), "--org", "boot")
-    assert code == 0 and json.loads(out) == {"changed": True, "org": "boot", "key_file": str(key_file)}
+    boot = ("bootstrap", "--key-file", str(key_file), "--org", "boot")
+    acted = {"changed": True, "migrated": True, "created": True, "org": "boot", "key_file": str(key_file)}
+    # Check mode says what it would do and does none of it.
+    code, out, _ = run(capsys, records_url, *boot, "--check")
+    assert code == 0 and json.loads(out) == acted
+    assert not key_file.exists()
+    assert admin.bootstrap_plan(records_url, "boot") == (True, True)
+
+    code, out, _ = run(capsys, records_url, *boot)
+    assert code == 0 and json.loads(out) == acted
     token = key_file.read_text().strip()
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    code, out, _ = run(capsys, records_url, "bootstrap", "--key-file", str(key_file), "--org", "boot")
-    assert code == 0 and json.loads(out)["changed"] is False
+    for check in ((), ("--check",)):
+        code, out, _ = run(capsys, records_url, *boot, *check)
+        assert code == 0 and json.loads(out) == {
+            **acted,
+            "changed": False,
+            "migrated": False,
+            "created": False,
+        }
     assert key_file.read_text().strip() == token

@@ -7,15 +7,14 @@ line over these functions is admin_cli.py.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import inspect, select
 from sqlalchemy.orm import Session
+from warren_common.files import write_private
 
 from warren_control import db, keys, store
 from warren_control.models import (
@@ -143,22 +142,18 @@ def list_keys(session: Session, org_ref: str | None = None, *, key_id: str | Non
     ]
 
 
-def write_secret(path: Path, text: str) -> None:
-    """Write a file only its owner can read: created 0600 (never readable for a moment),
-    then renamed into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+def bootstrap_plan(url: str, org_name: str = "default") -> tuple[bool, bool]:
+    """What `bootstrap` would do, changing nothing: (migrate the records, make the first
+    organization). A database with no schema yet has no organization either."""
+    migrate = db.pending(url)
+    engine = db.make_engine(url)
     try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        tmp.replace(path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+        if not inspect(engine).has_table("organizations"):
+            return migrate, True
+        with db.session_factory(engine)() as session:
+            return migrate, store.get_org_by_name(session, org_name) is None
+    finally:
+        engine.dispose()
 
 
 def bootstrap(url: str, key_file: Path, *, org_name: str = "default", subject: str = "admin") -> str | None:
@@ -175,7 +170,7 @@ def bootstrap(url: str, key_file: Path, *, org_name: str = "default", subject: s
             issued = issue_key(session, org_name, subject)
             # Saved before the commit: a file whose record then rolled back is rewritten by
             # the next run, while a committed key that never reached the file would be lost.
-            write_secret(key_file, issued.token + "\n")
+            write_private(key_file, issued.token + "\n")
         return issued.token
     finally:
         engine.dispose()

@@ -81,8 +81,12 @@ def admin_bootstrap(args: argparse.Namespace) -> int:
     """For installers (the control_plane role): idempotent, says on stdout whether it acted."""
     from warren_control import admin
 
-    issued = admin.bootstrap(_url(args), Path(args.key_file), org_name=args.org, subject=args.user)
-    print(json.dumps({"changed": issued is not None, "org": args.org, "key_file": args.key_file}))
+    url = _url(args)
+    migrate, create = admin.bootstrap_plan(url, args.org)
+    if not args.check:  # what it did: another installer may have made the organization since
+        create = admin.bootstrap(url, Path(args.key_file), org_name=args.org, subject=args.user) is not None
+    answer = {"changed": migrate or create, "migrated": migrate, "created": create}
+    print(json.dumps({**answer, "org": args.org, "key_file": args.key_file}))
     return 0
 
 
@@ -177,6 +181,7 @@ def add_admin_parser(commands: Any) -> None:
     boot.add_argument("--key-file", required=True, help="where the first API key is written (0600)")
     boot.add_argument("--org", default="default", help="the first organization's name")
     boot.add_argument("--user", default="admin", help="the first user's subject")
+    boot.add_argument("--check", action="store_true", help="only say what it would do; change nothing")
 
     org = action("create-org", admin_create_org, "create an organization; prints its id")
     org.add_argument("name")

@@ -11,6 +11,8 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -76,3 +78,14 @@ def upgrade(url: str, revision: str = "head") -> None:
             command.upgrade(config, revision)
     finally:
         engine.dispose()
+
+
+def pending(url: str) -> bool:
+    """Whether `upgrade` would change the database at `url` (its schema is not the newest)."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            current = set(MigrationContext.configure(connection).get_current_heads())
+    finally:
+        engine.dispose()
+    return current != set(ScriptDirectory.from_config(alembic_config(url)).get_heads())
