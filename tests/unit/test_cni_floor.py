@@ -39,7 +39,7 @@ def test_unreadable_namespace_counts_as_sandbox(tmp_path: Path) -> None:
 
 
 def make_client_files(directory: Path) -> None:
-    from warren.cluster.pki import Leaf, Pki
+    from warren_common.pki import Leaf, Pki
 
     pki = Pki(directory)
     pki.ensure_ca("ca", "ca")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import stat
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -14,15 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from warren_common.pki import Leaf
 
 from warren.cli import main
 from warren.cluster.components import Component
 from warren.cluster.local import ClusterContext, LocalCluster
-from warren.cluster.pki import Leaf
 from warren.cluster.process import ProcessSpec, Supervisor, proc_start_time
 from warren.config import ClusterConfig, ConfigError, parse_config
 from warren.controlplane import access
-from warren.controlplane.local import PROCESS, layout, write_private
+from warren.controlplane.local import PROCESS, layout
 
 SLEEP = (sys.executable, "-c", "import time; time.sleep(300)")
 
@@ -30,17 +29,6 @@ SLEEP = (sys.executable, "-c", "import time; time.sleep(300)")
 def test_ports_must_differ() -> None:
     with pytest.raises(ConfigError, match=r"cluster\.control_plane: edge_port and api_port must differ"):
         parse_config({"cluster": {"control_plane": {"edge_port": 9000, "api_port": 9000}}})
-
-
-def test_private_files_are_0600_and_written_only_when_changed(tmp_path: Path) -> None:
-    path = tmp_path / "secret"
-    assert write_private(path, "one\n")
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    before = path.stat().st_mtime_ns
-    assert not write_private(path, "one\n")
-    assert path.stat().st_mtime_ns == before
-    assert write_private(path, "two\n")
-    assert path.read_text() == "two\n"
 
 
 def test_the_controller_kubeconfig_is_the_admins_cluster_with_the_token_only(tmp_path: Path) -> None:

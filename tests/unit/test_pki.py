@@ -3,9 +3,9 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from warren_common.pki import SERVER, Leaf, Pki
 
 from warren.cluster.components import leaves
-from warren.cluster.pki import SERVER, Leaf, Pki
 from warren.config import ClusterConfig
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from warren_common import testing
+from warren_common.files import write_private
 from warren_common.kubecluster import (
     DELETION_CONTROLLERS,
     JOB_STAGES,
@@ -24,11 +25,11 @@ from warren_common.kubecluster import (
     commands,
     missing_binaries,
     node_names,
-    pki,
     workloads,
 )
 from warren_common.kubecluster import cluster as cluster_module
 from warren_common.kubecluster.processes import Process, spawn, stop_all
+from warren_common.pki import SERVER, Leaf, Pki
 
 ALL = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
@@ -171,10 +172,20 @@ def test_fake_nodes_get_their_own_pod_ranges_and_kwoks_annotation() -> None:
 
 def test_the_certificates_and_kubeconfigs_work_together(tmp_path: Path) -> None:
     layout = commands.Layout(tmp_path)
-    authority = pki.Authority(layout.pki)
-    authority.issue("apiserver", "kube-apiserver", dns_names=("localhost",), ips=("127.0.0.1",))
-    authority.issue("admin", "warren-admin", organizations=("system:masters",))
-    pki.signing_keypair(layout.pki, "sa")
+    certificates = Pki(layout.pki)
+    certificates.ensure_ca("ca", "warren-test-ca")
+    certificates.ensure_leaf(
+        Leaf(
+            "apiserver",
+            "ca",
+            "kube-apiserver",
+            usages=(SERVER,),
+            dns_names=("localhost",),
+            ips=("127.0.0.1",),
+        )
+    )
+    certificates.ensure_leaf(Leaf("admin", "ca", "warren-admin", organizations=("system:masters",)))
+    certificates.ensure_keypair("sa")
     assert (layout.pki / "sa.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
     assert stat.S_IMODE(layout.key("admin").stat().st_mode) == 0o600
     context = ssl.create_default_context(cafile=str(layout.cert("ca")))
@@ -184,7 +195,7 @@ def test_the_certificates_and_kubeconfigs_work_together(tmp_path: Path) -> None:
         "https://127.0.0.1:1", layout.cert("ca"), layout.cert("admin"), layout.key("admin"), "admin"
     )
     path = layout.kubeconfig("admin")
-    commands.write_private(path, document)
+    write_private(path, json.dumps(document))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     written = json.loads(path.read_text())
     context_name = written["current-context"]

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from warren.cluster.pki import CLIENT, SERVER, Leaf
+from warren_common.pki import CLIENT, SERVER, Leaf
+
 from warren.cluster.process import ProcessSpec
 from warren.config import ClusterConfig
 

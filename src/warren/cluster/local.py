@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Protocol
 
 import yaml
+from warren_common.files import write_private
+from warren_common.pki import Leaf, Pki
 
 from warren.cluster.components import Component, Health, Layout, control_plane, leaves
-from warren.cluster.pki import Leaf, Pki
 from warren.cluster.process import Supervisor
 from warren.config import ClusterConfig
 
@@ -367,13 +368,7 @@ def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, *
         "contexts": [{"name": f"{user}@warren", "context": {"cluster": "warren", "user": user}}],
         "current-context": f"{user}@warren",
     }
-    text = yaml.safe_dump(doc, sort_keys=False)
-    if path.exists() and path.read_text() == text:
-        return
-    tmp = path.with_suffix(".tmp")
-    tmp.touch(mode=0o600)
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_private(path, yaml.safe_dump(doc, sort_keys=False))
 
 
 def mounts_under(root: Path) -> list[str]:

@@ -15,9 +15,10 @@ Secrets in warren-system.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from warren_common.files import write_private
 
 PROCESS = "warren-control"
 STATE = "control-plane"
@@ -59,22 +60,6 @@ class Layout:
 
 def layout(cluster_state: Path) -> Layout:
     return Layout(cluster_state / STATE)
-
-
-def write_private(path: Path, text: str) -> bool:
-    """Write a 0600 file unless it already holds exactly `text`; True if it was written.
-    Created 0600 beside it (never readable for a moment), then renamed into place. Here and
-    not borrowed from warren-control: a host may have the warren CLI alone."""
-    if path.is_file() and path.read_text() == text:
-        return False
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    tmp.replace(path)
-    return True
 
 
 def local_url(cluster_state: Path) -> str | None:

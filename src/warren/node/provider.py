@@ -11,10 +11,11 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from warren_common.pki import CLIENT, SERVER, Leaf
+
 from warren.ansible import PlaybookError, run_playbook
 from warren.cluster.components import Component, Health
 from warren.cluster.local import ClusterContext, ClusterError, write_kubeconfig
-from warren.cluster.pki import CLIENT, SERVER, Leaf
 from warren.cluster.process import ProcessSpec
 from warren.config import WarrenConfig
 from warren.node import claim, images, teardown

@@ -16,11 +16,13 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self, TypeVar
 
-from warren_common.kubecluster import commands, pki
+from warren_common.files import write_private
+from warren_common.kubecluster import commands
 from warren_common.kubecluster.client import Client
 from warren_common.kubecluster.commands import Layout, Obj
 from warren_common.kubecluster.options import Options, require_binaries
 from warren_common.kubecluster.processes import PortTakenError, Process, spawn, stop_all
+from warren_common.pki import SERVER, Leaf, Pki
 from warren_common.testing import free_port, wait_for
 
 START_TIMEOUT = 120.0
@@ -153,25 +155,37 @@ class KubeCluster:
     # --- components -----------------------------------------------------------------------
 
     def _issue_certificates(self) -> None:
-        authority = pki.Authority(self.layout.pki)
-        authority.issue(
-            "apiserver",
-            "kube-apiserver",
-            dns_names=("localhost", "kubernetes.default.svc"),
-            ips=("127.0.0.1",),
-        )
-        # As the local cluster's admin is: the floor guard lets warren:platform manage the floor.
-        authority.issue("admin", "warren-admin", organizations=("system:masters", "warren:platform"))
+        certificates = Pki(self.layout.pki)
+        certificates.ensure_ca("ca", "warren-test-ca")
+        leaves = [
+            Leaf(
+                "apiserver",
+                "ca",
+                "kube-apiserver",
+                usages=(SERVER,),
+                dns_names=("localhost", "kubernetes.default.svc"),
+                ips=("127.0.0.1",),
+            ),
+            # As the local cluster's admin is: the floor guard lets warren:platform manage the floor.
+            Leaf("admin", "ca", "warren-admin", organizations=("system:masters", "warren:platform")),
+        ]
         if self.options.controllers:
             # The namespace controller deletes every kind inside a namespace. With its own
             # identity and no per-controller service accounts, only system:masters covers
             # every kind, CRDs included.
-            authority.issue(
-                "controller-manager", "system:kube-controller-manager", organizations=("system:masters",)
+            leaves.append(
+                Leaf(
+                    "controller-manager",
+                    "ca",
+                    "system:kube-controller-manager",
+                    organizations=("system:masters",),
+                )
             )
         if self.options.scheduler:
-            authority.issue("scheduler", "system:kube-scheduler")
-        pki.signing_keypair(self.layout.pki, "sa")
+            leaves.append(Leaf("scheduler", "ca", "system:kube-scheduler"))
+        for leaf in leaves:
+            certificates.ensure_leaf(leaf)
+        certificates.ensure_keypair("sa")
 
     def _write_kubeconfigs(self) -> None:
         users = ["admin"]
@@ -182,7 +196,7 @@ class KubeCluster:
             document = commands.kubeconfig(
                 self.server, layout.cert("ca"), layout.cert(user), layout.key(user), user
             )
-            commands.write_private(layout.kubeconfig(user), document)
+            write_private(layout.kubeconfig(user), json.dumps(document, indent=2) + "\n")
 
     def _spawn(self, name: str, argv: list[str]) -> Process:
         process = spawn(name, argv, self.layout.logs / f"{name}.log")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,13 +160,6 @@ def kubeconfig(server: str, ca: Path, cert: Path, key: Path, user: str) -> Obj:
         "contexts": [{"name": f"{user}@warren-test", "context": {"cluster": "warren-test", "user": user}}],
         "current-context": f"{user}@warren-test",
     }
-
-
-def write_private(path: Path, document: Obj) -> None:
-    """JSON in a file only its owner reads (it holds a client key)."""
-    path.unlink(missing_ok=True)
-    path.touch(mode=0o600)
-    path.write_text(json.dumps(document, indent=2) + "\n")
 
 
 def pod_cidr(index: int) -> str:

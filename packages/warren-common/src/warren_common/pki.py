@@ -1,23 +1,29 @@
-"""Certificates and keys for the local cluster.
+"""Certificates and keys for a cluster's control plane: CAs, the leaves they sign and the
+ServiceAccount signing key, in one directory. Keys are ECDSA P-256: quick to make and
+accepted everywhere in Kubernetes. Existing files are kept; a leaf whose names no longer
+match what is asked for is reissued.
 
-One CA signs the API server, the control-plane clients and the admin; etcd and the
-front proxy (API aggregation) get CAs of their own, as kubeadm lays them out. Keys are
-ECDSA P-256: quick to make and accepted everywhere in Kubernetes. Existing files are
-kept; a leaf whose names no longer match the configuration is reissued.
+The local cluster (warren.cluster) lays its CAs out as kubeadm does; the throw-away control
+planes of the tests (kubecluster) use one CA. Needs `cryptography`: the warren package pins
+it, and warren-common's `kubecluster` extra brings it elsewhere.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from warren_common.files import write_private
+
+try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+except ImportError as exc:  # pragma: no cover: an environment without the extra
+    raise ImportError(f"{exc}: install warren-common with its extra, warren-common[kubecluster]") from exc
 
 CA_DAYS = 3650
 LEAF_DAYS = 365
@@ -132,7 +138,7 @@ class Pki:
         if key.exists() and pub.exists():
             return
         private = ec.generate_private_key(ec.SECP256R1())
-        _write_private(key, private)
+        _write_key(key, private)
         pub.write_bytes(
             private.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -142,7 +148,7 @@ class Pki:
 
     def _write(self, name: str, private: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_private(self.path(name, "key"), private)
+        _write_key(self.path(name, "key"), private)
         self.path(name, "crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         self.issued.append(name)
 
@@ -174,13 +180,7 @@ def _current(cert: x509.Certificate, leaf: Leaf) -> bool:
     return have_names == {str(n.value) for n in _sans(leaf)}
 
 
-def _write_private(path: Path, private: ec.EllipticCurvePrivateKey) -> None:
+def _write_key(path: Path, private: ec.EllipticCurvePrivateKey) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    data = private.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.TraditionalOpenSSL,
-        serialization.NoEncryption(),
-    )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
+    encoding, key_format = serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL
+    write_private(path, private.private_bytes(encoding, key_format, serialization.NoEncryption()))
