@@ -5,6 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export WARREN_CACHE ?= $(HOME)/.cache/warren
+# The environments' packages are installed with uv (pinned; kept in the cache by its version):
+# from its cache an environment takes seconds where pip takes most of a minute. Each venv is
+# still Python's own (`-m venv`, with the pip it ships), which the bundle builder runs.
+UV_VERSION := 0.13.8
+UV := $(WARREN_CACHE)/tools/uv-$(UV_VERSION)/bin/uv
+INSTALL = $(UV) pip install --quiet --python
 
 .PHONY: deploy down test lint unit blockd control cluster-test scale binaries venv clean bench-runtime bench-blockd bench-blockd-fuse bench-control bench-workspace pulumi-unit pulumi-test ansible-test
 BLOCKD := packages/warren-blockd
@@ -19,16 +25,20 @@ PULUMI := components
 host:
 	tools/check-host.sh
 
+$(UV):
+	$(PYTHON) -m venv $(WARREN_CACHE)/tools/uv-$(UV_VERSION)
+	$(WARREN_CACHE)/tools/uv-$(UV_VERSION)/bin/pip install --quiet uv==$(UV_VERSION)
+
 venv: $(VENV)/.installed $(VENV)/.control-installed
-$(VENV)/.installed: pyproject.toml $(COMMON)/pyproject.toml
+$(VENV)/.installed: pyproject.toml $(COMMON)/pyproject.toml | $(UV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '$(COMMON)' -e '.[ansible,conformance,dev]'
+	$(INSTALL) $(BIN)/python -e '$(COMMON)' -e '.[ansible,conformance,dev]'
 	touch $@
 
 # `warren control-plane` and `warren sandbox` run the control plane's own code, so this
 # environment holds warren-control too (its pins agree with the warren package's).
 $(VENV)/.control-installed: $(VENV)/.installed $(CONTROL)/pyproject.toml $(COMMON)/pyproject.toml
-	$(BIN)/pip install --quiet -e '$(COMMON)[kubecluster]' -e '$(CONTROL)'
+	$(INSTALL) $(BIN)/python -e '$(COMMON)[kubecluster]' -e '$(CONTROL)'
 	touch $@
 
 ## Build (or reuse from $(WARREN_CACHE)) etcd, Kubernetes and kwok from the pins in tools/.
@@ -166,9 +176,9 @@ ansible-test: venv
 # Each package has its own environment: boto3's and kubernetes' pins cannot share one.
 # blockd's CSI stubs are generated here (git-ignored) from the .proto files of the Go
 # modules the pinned Kubernetes uses.
-$(BLOCKD)/.venv/.installed: $(BLOCKD)/pyproject.toml $(COMMON)/pyproject.toml tools/blockd-protos.sh tools/kubernetes/go.mod
+$(BLOCKD)/.venv/.installed: $(BLOCKD)/pyproject.toml $(COMMON)/pyproject.toml tools/blockd-protos.sh tools/kubernetes/go.mod | $(UV)
 	$(PYTHON) -m venv $(BLOCKD)/.venv
-	$(BLOCKD)/.venv/bin/pip install --quiet -e '$(COMMON)' -e '$(BLOCKD)[test,codegen]'
+	$(INSTALL) $(BLOCKD)/.venv/bin/python -e '$(COMMON)' -e '$(BLOCKD)[test,codegen]'
 	tools/blockd-protos.sh $(BLOCKD)/.venv/bin/python
 	touch $@
 
@@ -177,9 +187,9 @@ blockd: $(BLOCKD)/.venv/.installed
 
 # warren-forkd: the daemon (HTTP on a unix socket) that boots a QEMU microVM template (TCG
 # here), snapshots it and branches children that share its memory copy-on-write.
-$(FORKD)/.venv/.installed: $(FORKD)/pyproject.toml $(COMMON)/pyproject.toml
+$(FORKD)/.venv/.installed: $(FORKD)/pyproject.toml $(COMMON)/pyproject.toml | $(UV)
 	$(PYTHON) -m venv $(FORKD)/.venv
-	$(FORKD)/.venv/bin/pip install --quiet -e '$(COMMON)' -e '$(FORKD)[test]'
+	$(INSTALL) $(FORKD)/.venv/bin/python -e '$(COMMON)' -e '$(FORKD)[test]'
 	touch $@
 
 .PHONY: forkd
@@ -192,9 +202,9 @@ forkd: $(FORKD)/.venv/.installed
 AGENT := agent
 AGENT_GO := GOMODCACHE=$(WARREN_CACHE)/go/mod GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 
-$(AGENT)/.venv/.installed: $(AGENT)/requirements.txt
+$(AGENT)/.venv/.installed: $(AGENT)/requirements.txt | $(UV)
 	$(PYTHON) -m venv $(AGENT)/.venv
-	$(AGENT)/.venv/bin/pip install --quiet -r $(AGENT)/requirements.txt
+	$(INSTALL) $(AGENT)/.venv/bin/python -r $(AGENT)/requirements.txt
 	touch $@
 
 .PHONY: agent
@@ -204,9 +214,9 @@ agent: $(AGENT)/.venv/.installed
 	cd $(AGENT) && $(AGENT_GO) go build -trimpath -ldflags "-s -w" -o bin/agent .
 	cd $(AGENT) && WARREN_AGENT_BIN=$(CURDIR)/$(AGENT)/bin/agent .venv/bin/pytest
 
-$(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml $(COMMON)/pyproject.toml
+$(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml $(COMMON)/pyproject.toml | $(UV)
 	$(PYTHON) -m venv $(CONTROL)/.venv
-	$(CONTROL)/.venv/bin/pip install --quiet -e '$(COMMON)[test,kubecluster]' -e '$(CONTROL)[test]'
+	$(INSTALL) $(CONTROL)/.venv/bin/python -e '$(COMMON)[test,kubecluster]' -e '$(CONTROL)[test]'
 	touch $@
 
 # The controller's tests against a live cluster run in the cluster tier (tests/cluster/run.sh);
@@ -225,10 +235,9 @@ cluster-test: venv $(CONTROL)/.venv/.installed $(BLOCKD)/.venv/.installed
 # The Pulumi side (components/, infra/, policy/) has an environment of its own: the Pulumi SDKs
 # (pinned in components/pyproject.toml) beside the warren package, which WarrenPlatform renders
 # with. infra/Pulumi.yaml and policy/PulumiPolicy.yaml name this environment too.
-$(PULUMI)/.venv/.installed: pyproject.toml $(PULUMI)/pyproject.toml $(COMMON)/pyproject.toml
+$(PULUMI)/.venv/.installed: pyproject.toml $(PULUMI)/pyproject.toml $(COMMON)/pyproject.toml | $(UV)
 	$(PYTHON) -m venv $(PULUMI)/.venv
-	# warren-common first: pip finds a local package another one depends on only when it is named before.
-	$(PULUMI)/.venv/bin/pip install --quiet -e '$(COMMON)[kubecluster]' -e . -e '$(PULUMI)[policy,test]'
+	$(INSTALL) $(PULUMI)/.venv/bin/python -e '$(COMMON)[kubecluster]' -e . -e '$(PULUMI)[policy,test]'
 	touch $@
 
 # Unit tests with Pulumi's mocks (no CLI, no cloud, no cluster) and the policy pack's rules.
