@@ -11,6 +11,9 @@ export WARREN_CACHE ?= $(HOME)/.cache/warren
 UV_VERSION := 0.13.8
 UV := $(WARREN_CACHE)/tools/uv-$(UV_VERSION)/bin/uv
 INSTALL = $(UV) pip install --quiet --python
+# mypy's incremental cache, one per checked tree, kept in the cache: a clean clone then checks
+# only what changed (mypy validates its cache by the files' contents and its own version).
+mypy = MYPY_CACHE_DIR=$(WARREN_CACHE)/mypy/$(1)
 
 .PHONY: deploy down test lint unit blockd control cluster-test scale binaries venv clean bench-runtime bench-blockd bench-blockd-fuse bench-control bench-workspace pulumi-unit pulumi-test ansible-test
 BLOCKD := packages/warren-blockd
@@ -143,9 +146,9 @@ NOPRIV := $(if $(filter 0,$(shell id -u)),setpriv --bounding-set=-all --inh-caps
 check: venv $(BLOCKD)/.venv/.installed $(CONTROL)/.venv/.installed $(FORKD)/.venv/.installed
 	$(NOPRIV) $(MAKE) -j2 check-types check-tests
 check-types: lint
-	cd $(BLOCKD) && .venv/bin/mypy
-	cd $(FORKD) && .venv/bin/mypy
-	cd $(CONTROL) && .venv/bin/mypy
+	cd $(BLOCKD) && $(call mypy,blockd) .venv/bin/mypy
+	cd $(FORKD) && $(call mypy,forkd) .venv/bin/mypy
+	cd $(CONTROL) && $(call mypy,control) .venv/bin/mypy
 check-tests: unit
 	cd $(BLOCKD) && .venv/bin/pytest -q -m "not root and not integration"
 	cd $(FORKD) && .venv/bin/pytest -q -m "not integration"
@@ -156,17 +159,17 @@ check-tests: unit
 BLOCKD_TESTS := $(if $(CHECKED),-m "root or integration")
 FORKD_TESTS := $(if $(CHECKED),-m integration)
 CONTROL_TESTS := $(if $(CHECKED),-m "integration and not cluster and not scale",-m "not cluster and not scale")
-TYPES = $(if $(CHECKED),true,.venv/bin/mypy)
+TYPES = $(if $(CHECKED),true,$(call mypy,$(1)) .venv/bin/mypy)
 
 lint: venv
 	$(BIN)/ruff check src tests packages bench components infra policy agent plugins
 	$(BIN)/ruff format --check src tests packages bench components infra policy agent plugins
-	$(BIN)/mypy
+	$(call mypy,root) $(BIN)/mypy
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint
 
 unit: venv
 	$(BIN)/pytest tests/unit
-	cd $(COMMON) && $(CURDIR)/$(BIN)/mypy && $(CURDIR)/$(BIN)/pytest
+	cd $(COMMON) && $(call mypy,common) $(CURDIR)/$(BIN)/mypy && $(CURDIR)/$(BIN)/pytest
 
 # Warren's roles applied to this machine with ansible-playbook (as root), each against
 # temporary directories and ports, its services under Warren's supervisor.
@@ -183,7 +186,7 @@ $(BLOCKD)/.venv/.installed: $(BLOCKD)/pyproject.toml $(COMMON)/pyproject.toml to
 	touch $@
 
 blockd: $(BLOCKD)/.venv/.installed
-	cd $(BLOCKD) && $(TYPES) && .venv/bin/pytest $(BLOCKD_TESTS)
+	cd $(BLOCKD) && $(call TYPES,blockd) && .venv/bin/pytest $(BLOCKD_TESTS)
 
 # warren-forkd: the daemon (HTTP on a unix socket) that boots a QEMU microVM template (TCG
 # here), snapshots it and branches children that share its memory copy-on-write.
@@ -194,7 +197,7 @@ $(FORKD)/.venv/.installed: $(FORKD)/pyproject.toml $(COMMON)/pyproject.toml | $(
 
 .PHONY: forkd
 forkd: $(FORKD)/.venv/.installed
-	cd $(FORKD) && $(TYPES) && .venv/bin/pytest $(FORKD_TESTS)
+	cd $(FORKD) && $(call TYPES,forkd) && .venv/bin/pytest $(FORKD_TESTS)
 
 # The in-sandbox agent (agent/, Go, standard library only): a static binary speaking E2B's
 # envd protocol. Its Go tests, then the pinned E2B SDK driving the built binary on a loopback
@@ -222,7 +225,7 @@ $(CONTROL)/.venv/.installed: $(CONTROL)/pyproject.toml $(COMMON)/pyproject.toml 
 # The controller's tests against a live cluster run in the cluster tier (tests/cluster/run.sh);
 # its scale test with kwok nodes runs on its own ($(CONTROL)/tests/run-scale.sh).
 control: $(CONTROL)/.venv/.installed $(BLOCKD)/.venv/.installed
-	cd $(CONTROL) && $(TYPES) && .venv/bin/pytest $(CONTROL_TESTS)
+	cd $(CONTROL) && $(call TYPES,control) && .venv/bin/pytest $(CONTROL_TESTS)
 
 # The controller at scale: 1,000 kwok nodes and 5,000 sandboxes to Running and deleted again,
 # on a throw-away control plane of its own (no root, no real node).
@@ -243,9 +246,9 @@ $(PULUMI)/.venv/.installed: pyproject.toml $(PULUMI)/pyproject.toml $(COMMON)/py
 # Unit tests with Pulumi's mocks (no CLI, no cloud, no cluster) and the policy pack's rules.
 # mypy runs here, not in `lint`: it needs the Pulumi SDKs. Each __main__.py is checked alone.
 pulumi-unit: $(PULUMI)/.venv/.installed
-	cd $(PULUMI) && .venv/bin/mypy warren_components ../tests/pulumi ../tests/pulumi_cluster
-	cd $(PULUMI) && .venv/bin/mypy ../infra
-	cd $(PULUMI) && .venv/bin/mypy ../policy
+	cd $(PULUMI) && $(call mypy,components) .venv/bin/mypy warren_components ../tests/pulumi ../tests/pulumi_cluster
+	cd $(PULUMI) && $(call mypy,infra) .venv/bin/mypy ../infra
+	cd $(PULUMI) && $(call mypy,policy) .venv/bin/mypy ../policy
 	$(PULUMI)/.venv/bin/pytest tests/pulumi
 
 # A real `pulumi up`, preview and destroy of the `local` stack (file backend; the CLI, Python
