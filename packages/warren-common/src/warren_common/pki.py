@@ -70,20 +70,7 @@ class Pki:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=CA_DAYS))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_usage(ca=True), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(private.public_key()), False)
             .sign(private, hashes.SHA256())
         )
@@ -110,20 +97,7 @@ class Pki:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=LEAF_DAYS))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_encipherment=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    content_commitment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_usage(ca=False), critical=True)
             .add_extension(x509.ExtendedKeyUsage(list(leaf.usages)), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False)
         )
@@ -151,6 +125,21 @@ class Pki:
         _write_key(self.path(name, "key"), private)
         self.path(name, "crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         self.issued.append(name)
+
+
+def _usage(*, ca: bool) -> x509.KeyUsage:
+    """Signing only: a CA signs certificates and CRLs, a leaf its TLS handshakes."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def _now() -> dt.datetime:
