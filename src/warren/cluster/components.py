@@ -124,9 +124,24 @@ def leaves(config: ClusterConfig, advertise: str) -> list[Leaf]:
 def control_plane(config: ClusterConfig, layout: Layout, advertise: str) -> list[Component]:
     """etcd, kube-apiserver, kube-controller-manager, kube-scheduler: in start order."""
     c = config
+    ca = layout.crt("ca")
+    return [
+        Component(_etcd(c, layout), Health(f"http://127.0.0.1:{c.etcd_metrics_port}/health")),
+        Component(_apiserver(c, layout, advertise), Health(f"https://127.0.0.1:{c.api_port}/readyz", ca=ca)),
+        Component(
+            _controller_manager(c, layout),
+            Health(f"https://127.0.0.1:{c.controller_manager_port}/healthz", ca=ca),
+        ),
+        Component(_scheduler(c, layout), Health(f"https://127.0.0.1:{c.scheduler_port}/healthz", ca=ca)),
+    ]
+
+
+def _etcd(config: ClusterConfig, layout: Layout) -> ProcessSpec:
+    """etcd, one member, clients with certificates only."""
+    c = config
     etcd_url = f"https://127.0.0.1:{c.etcd_client_port}"
     peer_url = f"http://127.0.0.1:{c.etcd_peer_port}"
-    etcd = ProcessSpec(
+    return ProcessSpec(
         "etcd",
         (
             layout.binary("etcd"),
@@ -146,7 +161,13 @@ def control_plane(config: ClusterConfig, layout: Layout, advertise: str) -> list
             "--log-level=warn",
         ),
     )
-    apiserver = ProcessSpec(
+
+
+def _apiserver(config: ClusterConfig, layout: Layout, advertise: str) -> ProcessSpec:
+    """kube-apiserver, with kubeadm's certificate layout and admission plugins."""
+    c = config
+    etcd_url = f"https://127.0.0.1:{c.etcd_client_port}"
+    return ProcessSpec(
         "kube-apiserver",
         (
             layout.binary("kube-apiserver"),
@@ -183,7 +204,12 @@ def control_plane(config: ClusterConfig, layout: Layout, advertise: str) -> list
             f"--proxy-client-key-file={layout.key('front-proxy-client')}",
         ),
     )
-    controller_manager = ProcessSpec(
+
+
+def _controller_manager(config: ClusterConfig, layout: Layout) -> ProcessSpec:
+    """kube-controller-manager: every controller, node CIDRs allocated, no leader election."""
+    c = config
+    return ProcessSpec(
         "kube-controller-manager",
         (
             layout.binary("kube-controller-manager"),
@@ -209,7 +235,12 @@ def control_plane(config: ClusterConfig, layout: Layout, advertise: str) -> list
             "--profiling=false",
         ),
     )
-    scheduler = ProcessSpec(
+
+
+def _scheduler(config: ClusterConfig, layout: Layout) -> ProcessSpec:
+    """kube-scheduler, no leader election."""
+    c = config
+    return ProcessSpec(
         "kube-scheduler",
         (
             layout.binary("kube-scheduler"),
@@ -224,12 +255,3 @@ def control_plane(config: ClusterConfig, layout: Layout, advertise: str) -> list
             "--profiling=false",
         ),
     )
-    ca = layout.crt("ca")
-    return [
-        Component(etcd, Health(f"http://127.0.0.1:{c.etcd_metrics_port}/health")),
-        Component(apiserver, Health(f"https://127.0.0.1:{c.api_port}/readyz", ca=ca)),
-        Component(
-            controller_manager, Health(f"https://127.0.0.1:{c.controller_manager_port}/healthz", ca=ca)
-        ),
-        Component(scheduler, Health(f"https://127.0.0.1:{c.scheduler_port}/healthz", ca=ca)),
-    ]

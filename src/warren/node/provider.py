@@ -160,31 +160,18 @@ class LocalNode:
 
     def prepare(self, ctx: ClusterContext) -> None:
         self._check_host(ctx)
-        _shared_netns_dir()
-        _sysctl("net.ipv4.ip_forward", "1")
-        _sysctl("net.bridge.bridge-nf-call-iptables", "1")
-        _sysctl("net.bridge.bridge-nf-call-ip6tables", "1")
         layout = self.layout(ctx)
+        _prepare_host(layout)
+        server = f"https://127.0.0.1:{ctx.config.api_port}"
+        self._write_runtime_configs(ctx, layout, server)
+        self._write_node_configs(ctx, layout, server)
+        self._run_floor_playbook(ctx, layout, server)
+
+    def _write_runtime_configs(self, ctx: ClusterContext, layout: NodeLayout, server: str) -> None:
+        """containerd's configuration (keeping the gvisor role's block) and the CNI network
+        with the egress floor's plugin."""
         cfg = ctx.config
         pki = ctx.layout
-        _nosuid_nodev(layout.kubelet_root)
-        # Shared, as a systemd host's / is: a CSI node plugin in a pod (warren-blockd's
-        # DaemonSet) mounts workspaces with Bidirectional propagation, which containerd
-        # refuses on a private mount.
-        subprocess.run(["mount", "--make-rshared", str(layout.kubelet_root)], check=True)
-        for directory in (
-            layout.containerd_root,
-            layout.containerd_state,
-            layout.kubelet_root,
-            layout.images,
-            layout.cni_bin_dir,
-        ):
-            directory.mkdir(parents=True, exist_ok=True)
-        # containerd reads one CNI plugin directory: the host's plugins, linked, plus ours.
-        for plugin in CNI_BIN_DIR.iterdir():
-            link = layout.cni_bin_dir / plugin.name
-            if not link.is_symlink():
-                link.symlink_to(plugin)
         write_keeping_block(
             layout.containerd_config,
             render(
@@ -198,7 +185,6 @@ class LocalNode:
             begin=GVISOR_BLOCK_BEGIN,
             end=GVISOR_BLOCK_END,
         )
-        server = f"https://127.0.0.1:{cfg.api_port}"
         floor = {
             "table": FLOOR_TABLE,
             "state_dir": layout.floor_dir / "pods",
@@ -217,6 +203,11 @@ class LocalNode:
                 floor=floor,
             ),
         )
+
+    def _write_node_configs(self, ctx: ClusterContext, layout: NodeLayout, server: str) -> None:
+        """The kubelet's and kube-proxy's kubeconfigs and configurations."""
+        cfg = ctx.config
+        pki = ctx.layout
         write_kubeconfig(
             pki.kubeconfig("kubelet"),
             server,
@@ -256,7 +247,6 @@ class LocalNode:
                 kubeconfig=pki.kubeconfig("kube-proxy"),
             ),
         )
-        self._run_floor_playbook(ctx, layout, server)
 
     def _check_host(self, ctx: ClusterContext) -> None:
         missing = {pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None}
@@ -369,3 +359,30 @@ class LocalNode:
 
     def teardown(self, ctx: ClusterContext, wipe: bool) -> list[str]:
         return teardown.run(ctx, self.layout(ctx), self.host_claim(ctx), self.progress)
+
+
+def _prepare_host(layout: NodeLayout) -> None:
+    """What the node needs of the host: forwarding and bridge netfilter on, the kubelet's
+    root nosuid, nodev and shared, the runtime's directories, the host's CNI plugins linked."""
+    _shared_netns_dir()
+    _sysctl("net.ipv4.ip_forward", "1")
+    _sysctl("net.bridge.bridge-nf-call-iptables", "1")
+    _sysctl("net.bridge.bridge-nf-call-ip6tables", "1")
+    _nosuid_nodev(layout.kubelet_root)
+    # Shared, as a systemd host's / is: a CSI node plugin in a pod (warren-blockd's
+    # DaemonSet) mounts workspaces with Bidirectional propagation, which containerd
+    # refuses on a private mount.
+    subprocess.run(["mount", "--make-rshared", str(layout.kubelet_root)], check=True)
+    for directory in (
+        layout.containerd_root,
+        layout.containerd_state,
+        layout.kubelet_root,
+        layout.images,
+        layout.cni_bin_dir,
+    ):
+        directory.mkdir(parents=True, exist_ok=True)
+    # containerd reads one CNI plugin directory: the host's plugins, linked, plus ours.
+    for plugin in CNI_BIN_DIR.iterdir():
+        link = layout.cni_bin_dir / plugin.name
+        if not link.is_symlink():
+            link.symlink_to(plugin)

@@ -27,6 +27,8 @@ _PHASES = ("Pending", "Running", "Stopped", "Failed", "Terminating", "Deleted")
 
 
 def upgrade() -> None:
+    """Every table of the first schema, in dependency order. Long, and one function: a
+    migration is read top to bottom as the schema at its revision."""
     op.create_table(
         "organizations",
         sa.Column("id", _ID, nullable=False),
