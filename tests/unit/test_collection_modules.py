@@ -396,3 +396,12 @@ def test_ansible_finds_the_collection_from_the_checkout_and_the_wheel() -> None:
     # The collection built by ansible-galaxy: plugins/ from the top, not again through the link.
     ignored = yaml.safe_load((ROOT / "galaxy.yml").read_text())["build_ignore"]
     assert "collections" in ignored and "plugins" not in ignored
+
+
+def test_the_strategy_is_found_through_the_collections_path_in_checkout_and_wheel() -> None:
+    config = (ROOT / "ansible.cfg").read_text()
+    found = re.search(r"^strategy_plugins = (.+)$", config, re.MULTILINE)
+    assert found and re.search(r"^strategy = mitogen_linear$", config, re.MULTILINE)
+    # Relative to ansible.cfg, through collections/ (the wheel keeps plugins/ at that path too).
+    assert found.group(1).startswith("collections/ansible_collections/warren/platform/plugins/")
+    assert (ROOT / found.group(1) / "mitogen_linear.py").is_file()
