@@ -188,6 +188,8 @@ def test_background_process_is_listed_then_killed(commands: Commands) -> None:
     assert listed[handle.pid].args[-1] == "sleep 300"
 
     assert commands.kill(handle.pid)
+    # Off the list as soon as the kill is answered, before anyone waits for it.
+    assert handle.pid not in {p.pid for p in commands.list()}
     with pytest.raises(CommandExitException) as killed:
         handle.wait()
     assert killed.value.exit_code == -1

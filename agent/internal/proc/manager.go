@@ -47,6 +47,8 @@ type Process struct {
 	mu   sync.Mutex
 	subs map[*subscriber]struct{}
 	end  *ProcessEvent // set once the process has ended and its output is read
+
+	forgotten chan struct{} // closed once the manager no longer lists the process
 }
 
 // Manager is the table of running processes.
@@ -88,7 +90,7 @@ func (m *Manager) Start(req *StartRequest, user *identity.User) (*Process, *subs
 	cmd.Env = environment(user, cfg.Envs)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: user.Credential()}
 
-	p := &Process{Config: cfg, Tag: req.Tag, cmd: cmd, subs: map[*subscriber]struct{}{}}
+	p := &Process{Config: cfg, Tag: req.Tag, cmd: cmd, subs: map[*subscriber]struct{}{}, forgotten: make(chan struct{})}
 	var out *outputs
 	var err error
 	if req.PTY != nil {
@@ -204,6 +206,7 @@ func (m *Manager) reap(p *Process, o *outputs) {
 	m.mu.Lock()
 	delete(m.procs, p.Pid)
 	m.mu.Unlock()
+	close(p.forgotten)
 	p.finish(endEvent(p.cmd.ProcessState, waitErr))
 }
 
@@ -389,6 +392,14 @@ func (m *Manager) Signal(sel *ProcessSelector, sig Signal) error {
 	if err := syscall.Kill(-int(p.Pid), s); err != nil {
 		if err := syscall.Kill(int(p.Pid), s); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return fmt.Errorf("signalling pid %d: %w", p.Pid, err)
+		}
+	}
+	if s == syscall.SIGKILL {
+		// A killed process cannot linger: answer once it is reaped and off the list, so a
+		// List right after the kill no longer shows it. Bounded by the output grace.
+		select {
+		case <-p.forgotten:
+		case <-time.After(outputGrace + time.Second):
 		}
 	}
 	return nil
