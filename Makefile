@@ -80,14 +80,17 @@ down: venv
 ## digests, pushed to a real registry), scale (the controller on 1,000 kwok nodes with 5,000
 ## sandboxes).
 # Two lanes side by side (two cores): the cluster tier, the longest, then the bundle's two
-# tiers and the control plane's; the bundle (built once, while the cluster tier runs), lint,
-# unit and the rest in order. The bundle's tiers wait for it (BUNDLE_WAIT). Every tier uses its own ports,
+# tiers; the bundle (built once, while the cluster tier runs), lint, unit and the rest in
+# order, at a lower CPU priority (nice). The cluster lane waits on pods, rollouts and SSH
+# round trips, each slowed by any CPU it has to share; the other lane's tiers (the scale
+# test above all) use what the cluster lane leaves, so the two end closer together. The bundle's tiers wait for it (BUNDLE_WAIT). Every tier uses its own ports,
 # directories and namespaces, so the lanes share nothing but the environments and the
 # binaries, which are made first. Each line is prefixed with its tier; test-results/tiers/
 # keeps every tier's log; the end prints each tier's time and result, and a failed tier's
 # last lines again.
-TIERS_CLUSTER := cluster-test bundle-test hosts-test control
-TIERS_REST := bundle check pulumi-unit pulumi-test blockd forkd agent ansible-test images-test scale
+TIERS_CLUSTER := cluster-test bundle-test hosts-test
+TIERS_REST := bundle check pulumi-unit pulumi-test blockd forkd agent control ansible-test images-test scale
+REST_NICE := 5
 TIER_LOGS := test-results/tiers
 ENVS := $(VENV)/.installed $(VENV)/.control-installed $(BLOCKD)/.venv/.installed $(CONTROL)/.venv/.installed \
   $(FORKD)/.venv/.installed $(PULUMI)/.venv/.installed
@@ -120,15 +123,15 @@ build-pulumi:
 # The bundle is built once, as a tier of its own (in the other lane), for the two tiers that
 # install it.
 lane-cluster:
-	$(call lane,$(TIERS_CLUSTER),BUNDLE_WAIT=1 CHECKED=1)
+	$(call lane,$(TIERS_CLUSTER),BUNDLE_WAIT=1)
 lane-rest:
-	$(call lane,$(TIERS_REST),CHECKED=1)
+	$(call lane,$(TIERS_REST),CHECKED=1,nice -n $(REST_NICE))
 # A failed tier does not stop its lane: one run reports every tier.
 define lane
 failed=0; \
 for tier in $(1); do \
   start=$$SECONDS; \
-  if $(MAKE) -j1 $$tier $(2) 2>&1 | tee $(TIER_LOGS)/$$tier.log | sed -u "s/^/[$$tier] /"; then \
+  if $(3) $(MAKE) -j1 $$tier $(2) 2>&1 | tee $(TIER_LOGS)/$$tier.log | sed -u "s/^/[$$tier] /"; then \
     echo "tier $$tier: $$((SECONDS - start)) s"; touch $(TIER_LOGS)/$$tier.passed; result=passed; \
   else \
     echo "tier $$tier: FAILED after $$((SECONDS - start)) s"; touch $(TIER_LOGS)/$$tier.failed; failed=1; result=FAILED; \
