@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from conftest import wait_for
@@ -86,8 +87,16 @@ def test_the_secrets_are_made_on_the_cluster_and_rendered_nowhere(api: client.Ap
         assert value not in rendered
 
 
-def _commands() -> dict[int, tuple[int, str, str]]:
-    """pid -> (parent pid, command line, cgroup) of every process."""
+class _Process(NamedTuple):
+    parent: int
+    cmdline: str
+    cgroup: str
+    net: str  # the network namespace
+    from_a_test: bool  # pytest's PYTEST_CURRENT_TEST in its environment
+
+
+def _commands() -> dict[int, _Process]:
+    """Every process, by pid."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -96,33 +105,43 @@ def _commands() -> dict[int, tuple[int, str, str]]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             cgroup = (entry / "cgroup").read_text()
             status = (entry / "status").read_text()
+            net = str((entry / "ns" / "net").readlink())
+            environ = (entry / "environ").read_bytes()
         except OSError:
             continue  # gone meanwhile
         parent = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:"))
-        found[int(entry.name)] = (parent, cmdline, cgroup)
+        found[int(entry.name)] = _Process(parent, cmdline, cgroup, net, b"PYTEST_CURRENT_TEST=" in environ)
     return found
 
 
-def _under_a_test(pid: int, processes: dict[int, tuple[int, str, str]]) -> bool:
-    """Started by another tier's tests (a pytest process above it), not by an install."""
+def _under_a_test(pid: int, processes: dict[int, _Process]) -> bool:
+    """Started by another tier's tests, not by an install: a pytest process above it, or,
+    for a service a supervisor detached from its test, pytest's variable in its environment."""
     seen = set()
     while pid in processes and pid not in seen:
         seen.add(pid)
-        parent, cmdline, _ = processes[pid]
-        if "pytest" in cmdline:
+        if "pytest" in processes[pid].cmdline or processes[pid].from_a_test:
             return True
-        pid = parent
+        pid = processes[pid].parent
     return False
 
 
 def test_no_warren_service_runs_on_the_host(ready: None) -> None:
     services = ("warren-control serve", "warren-blockd", "weed mini", "postgres -D")
     processes = _commands()
-    ours = {pid: p for pid, p in processes.items() if any(s in p[1] for s in services)}
-    in_pods = {pid for pid, (_, _, cgroup) in ours.items() if "kubepods" in cgroup}
-    outside = [processes[pid][1] for pid in ours if pid not in in_pods and not _under_a_test(pid, processes)]
+    ours = {pid: p for pid, p in processes.items() if any(s in p.cmdline for s in services)}
+    in_pods = {pid for pid, p in ours.items() if "kubepods" in p.cgroup}
+    # The hosts tier, run beside this one, installs Warren onto hosts that are network
+    # namespaces of their own, with services that outlive the test that started them: those
+    # are other hosts, not this one.
+    host_net = str(Path("/proc/self/ns/net").readlink())
+    outside = [
+        p.cmdline
+        for pid, p in ours.items()
+        if pid not in in_pods and p.net == host_net and not _under_a_test(pid, processes)
+    ]
     assert outside == []
     # They do run, in pods: the check can see them (the edge, the daemon and its plugin, the stores).
-    commands = [ours[pid][1] for pid in in_pods]
+    commands = [ours[pid].cmdline for pid in in_pods]
     for service in services:
         assert any(service in c for c in commands), service
