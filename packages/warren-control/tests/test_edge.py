@@ -66,8 +66,11 @@ class Stack:
     e2b_key: NewKey
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+# Every test runs against an edge that forwards over HTTP (`--role edge`) and one that calls
+# the API in its own process (`--role all`): the two must not differ in anything a client or
+# the API can see.
+@pytest.fixture(scope="module", params=["http", "in-process"])
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     resolver = MemoryResolver()
     key_a = resolver.add("org-a", "alice", {"sandbox:read", "sandbox:write"})
     key_b = resolver.add("org-b", "bob", {"sandbox:read"})
@@ -77,9 +80,13 @@ def stack() -> Iterator[Stack]:
     def scope_rule(method: str, path: str) -> str | None:
         return "admin" if path.startswith("/admin/") else None
 
-    with run_issuer() as issuer, serve_asgi(echo_backend(STAMP_KEY)) as backend:
+    api = echo_backend(STAMP_KEY)
+    with run_issuer() as issuer, serve_asgi(api) as backend:
         oidc = OidcVerifier.discover(issuer.url, AUDIENCE)
-        edge_app = make_edge(backend, STAMP_KEY, resolver, oidc, required_scope=scope_rule)
+        in_process = api if request.param == "in-process" else None
+        edge_app = make_edge(
+            backend, STAMP_KEY, resolver, oidc, required_scope=scope_rule, backend_app=in_process
+        )
         with serve_asgi(edge_app) as edge:
             yield Stack(edge, backend, issuer, resolver, key_a, key_b, revoked, e2b_key)
 

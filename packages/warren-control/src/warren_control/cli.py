@@ -130,7 +130,7 @@ def _until_signalled(stop: threading.Event) -> None:
         pass
 
 
-def _edge_app(args: argparse.Namespace, api_url: str) -> Any:
+def _edge_app(args: argparse.Namespace, api_url: str, api: Any = None) -> Any:
     from warren_control import db, store
     from warren_control.edge import make_edge
     from warren_control.oidc import OidcVerifier
@@ -147,6 +147,7 @@ def _edge_app(args: argparse.Namespace, api_url: str) -> Any:
         store.DatabaseKeyResolver(sessions),
         oidc,
         sandbox_domain=args.sandbox_domain,
+        backend_app=api,
     )
 
 
@@ -275,10 +276,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:  # all: API on loopback, the edge in front, mirror and reaper beside, the controller in charge
         settings = _api_settings(args, read_through=False)
         api_port = args.api_port or DEFAULT_API_PORT
-        servers = [_serve_in_thread(_api_app(settings), "127.0.0.1", api_port)]
+        # The API keeps its loopback port (for probes and for tools); the edge calls it in
+        # process, which spares every request a second connection.
+        api = _api_app(settings)
+        servers = [_serve_in_thread(api, "127.0.0.1", api_port)]
         servers.append(
             _serve_in_thread(
-                _edge_app(args, f"http://127.0.0.1:{api_port}"),
+                _edge_app(args, f"http://127.0.0.1:{api_port}", api),
                 args.host,
                 args.port or DEFAULT_EDGE_PORT,
                 tls,

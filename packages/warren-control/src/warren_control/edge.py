@@ -47,7 +47,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import identity as stamps
 from . import keys
@@ -236,6 +236,41 @@ class _Relay(StreamingResponse):
                 await self.upstream.aclose()
 
 
+# What of the client's request scope the API gets in process: the request itself, none of
+# what the edge's own app and routing put there.
+_REQUEST_SCOPE = (
+    "type",
+    "asgi",
+    "http_version",
+    "method",
+    "scheme",
+    "server",
+    "client",
+    "root_path",
+    "path",
+    "raw_path",
+    "query_string",
+    "extensions",
+)
+
+
+class _InProcess(Response):
+    """The API's answer when it runs in this process: the request goes to its ASGI app with
+    the headers the edge forwards (the stamp, none of the client's credentials), and the
+    client's own channels, so a streamed answer streams and nothing is serialized and parsed
+    again on a second connection."""
+
+    def __init__(self, app: ASGIApp, forwarded: list[tuple[bytes, bytes]]) -> None:
+        super().__init__()
+        self.app = app
+        self.forwarded = forwarded
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        inner: Scope = {key: scope[key] for key in _REQUEST_SCOPE if key in scope}
+        inner["headers"] = self.forwarded
+        await self.app(inner, receive, send)
+
+
 class _Edge:
     def __init__(
         self,
@@ -249,6 +284,7 @@ class _Edge:
         transport: httpx.AsyncBaseTransport | None,
         sandbox_domain: str | None,
         sandbox_transport: httpx.AsyncBaseTransport | None,
+        backend_app: ASGIApp | None = None,
     ) -> None:
         # Fail at start-up, not on the first request, if the key or the URL is unusable.
         stamps.sign(Identity("edge", "self-check"), stamp_key, stamp_ttl_s)
@@ -261,7 +297,9 @@ class _Edge:
         self.oidc = oidc
         self.required_scope = required_scope
         self.stamp_ttl_s = stamp_ttl_s
-        self.transport = transport
+        self.backend_app = backend_app
+        # The edge's own questions to an API in this process need no network either.
+        self.transport = transport or (httpx.ASGITransport(backend_app) if backend_app else None)
         self.client: httpx.AsyncClient | None = None
         self.sandbox_transport = sandbox_transport
         self.sandbox_client: httpx.AsyncClient | None = None
@@ -532,6 +570,8 @@ class _Edge:
         except _EdgeError as refused:
             return refused.response()
         stamp = stamps.sign(who, self.stamp_key, self.stamp_ttl_s)
+        if self.backend_app is not None:
+            return _InProcess(self.backend_app, self._forward_headers(request, stamp))
         raw_path: bytes = request.scope.get("raw_path") or quote(request.url.path).encode("ascii")
         query: bytes = request.scope.get("query_string", b"")
         url = self.backend.copy_with(raw_path=self.prefix + raw_path + (b"?" + query if query else b""))
@@ -562,13 +602,16 @@ def make_edge(
     transport: httpx.AsyncBaseTransport | None = None,
     sandbox_domain: str | None = None,
     sandbox_transport: httpx.AsyncBaseTransport | None = None,
+    backend_app: ASGIApp | None = None,
 ) -> Starlette:
     """The edge as an ASGI app forwarding every path to `backend_url` (which may carry a prefix).
 
     `required_scope(method, path)` may name a scope the identity must hold (403 otherwise).
     `transport` replaces the network transport to the backend (e.g. a Unix socket), and
     `sandbox_transport` the one to sandboxes. `sandbox_domain` turns on routing by host name
-    ({port}-{id}.{domain}); the E2b-Sandbox-Id header routes without it.
+    ({port}-{id}.{domain}); the E2b-Sandbox-Id header routes without it. `backend_app` is
+    the API's own ASGI app when it runs in this process (`serve --role all`): requests go to
+    it directly, and `backend_url` only names it.
     """
     edge = _Edge(
         backend_url=backend_url,
@@ -580,6 +623,7 @@ def make_edge(
         transport=transport,
         sandbox_domain=sandbox_domain,
         sandbox_transport=sandbox_transport,
+        backend_app=backend_app,
     )
 
     @asynccontextmanager
