@@ -79,17 +79,18 @@ down: venv
 ## and a real gVisor node), images-test (the service images run, rebuilt to the same
 ## digests, pushed to a real registry), scale (the controller on 1,000 kwok nodes with 5,000
 ## sandboxes).
-# Two lanes side by side (two cores): the cluster tier, the longest, then the bundle's two
-# tiers; the bundle (built once, while the cluster tier runs), lint, unit and the rest in
-# order, at a lower CPU priority (nice). The cluster lane waits on pods, rollouts and SSH
-# round trips, each slowed by any CPU it has to share; the other lane's tiers (the scale
-# test above all) use what the cluster lane leaves, so the two end closer together. The bundle's tiers wait for it (BUNDLE_WAIT). Every tier uses its own ports,
-# directories and namespaces, so the lanes share nothing but the environments and the
-# binaries, which are made first. Each line is prefixed with its tier; test-results/tiers/
-# keeps every tier's log; the end prints each tier's time and result, and a failed tier's
-# last lines again.
-TIERS_CLUSTER := cluster-test bundle-test hosts-test
-TIERS_REST := bundle check pulumi-unit pulumi-test blockd forkd agent control ansible-test images-test scale
+# Three lanes side by side on two cores: with two, a quarter of the CPU sat idle while the
+# lanes' tiers waited on pods, rollouts, SSH round trips and downloads. The cluster tier,
+# the longest, has a lane of its own; the bundle (built once), the two tiers that install it
+# and the tiers that converge hosts and stacks take the second; lint, unit and the
+# packages' tiers, at a lower CPU priority (nice), the third. Every tier uses its own ports,
+# directories and namespaces (the hosts tier's hosts are namespaces with their own Warren
+# paths), so the lanes share nothing but the environments and the binaries, which are made
+# first. Each line is prefixed with its tier; test-results/tiers/ keeps every tier's log; the
+# end prints each tier's time and result, and a failed tier's last lines again.
+TIERS_CLUSTER := cluster-test
+TIERS_BUNDLE := bundle bundle-test hosts-test pulumi-test ansible-test
+TIERS_REST := check pulumi-unit blockd forkd agent control images-test scale
 REST_NICE := 5
 TIER_LOGS := test-results/tiers
 ENVS := $(VENV)/.installed $(VENV)/.control-installed $(BLOCKD)/.venv/.installed $(CONTROL)/.venv/.installed \
@@ -97,7 +98,7 @@ ENVS := $(VENV)/.installed $(VENV)/.control-installed $(BLOCKD)/.venv/.installed
 test:
 	$(MAKE) -j4 $(ENVS) builds
 	rm -rf $(TIER_LOGS) && mkdir -p $(TIER_LOGS)
-	$(MAKE) -j2 lane-cluster lane-rest || { \
+	$(MAKE) -j3 lane-cluster lane-bundle lane-rest || { \
 	  for failed in $(TIER_LOGS)/*.failed; do \
 	    tier=$$(basename "$$failed" .failed); \
 	    echo "=== tier $$tier failed; its last lines ($(TIER_LOGS)/$$tier.log):"; \
@@ -113,17 +114,19 @@ tier-times:
 # What both lanes would otherwise build at once. The two Go builds run beside each other and
 # beside the environments' installs (downloads overlap compiles): on a cold cache that is
 # most of the setup's time.
-.PHONY: builds build-binaries build-pulumi lane-cluster lane-rest
+.PHONY: builds build-binaries build-pulumi lane-cluster lane-bundle lane-rest
 builds: build-binaries build-pulumi
 build-binaries:
 	tools/build-cluster-binaries.sh >/dev/null
 build-pulumi:
 	tools/build-pulumi.sh >/dev/null
 
-# The bundle is built once, as a tier of its own (in the other lane), for the two tiers that
-# install it.
+# The bundle is built once, as a tier of its own, for the two tiers after it that install it
+# (BUNDLE_WAIT: they take that build, or fail at once if it failed).
 lane-cluster:
-	$(call lane,$(TIERS_CLUSTER),BUNDLE_WAIT=1)
+	$(call lane,$(TIERS_CLUSTER))
+lane-bundle:
+	$(call lane,$(TIERS_BUNDLE),BUNDLE_WAIT=1)
 lane-rest:
 	$(call lane,$(TIERS_REST),CHECKED=1,nice -n $(REST_NICE))
 # A failed tier does not stop its lane: one run reports every tier.
