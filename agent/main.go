@@ -37,6 +37,7 @@ func run() error {
 	port := flag.Int("port", 49983, "TCP port to serve on (envd's)")
 	token := flag.String("access-token", "", "require this X-Access-Token on every call but /health (default: $"+tokenEnv+")")
 	tokenSHA256 := flag.String("access-token-sha256", "", "require an X-Access-Token whose SHA-256 is this `HEX` (the token itself need appear nowhere)")
+	claimSHA256 := flag.String("claim-token-sha256", "", "start unclaimed (a pool pod): serve only /health and one POST /claim with an X-Claim-Token whose SHA-256 is this `HEX`, which sets the access token")
 	detached := flag.Bool("detach", false, "start the agent in a session of its own and return once it answers /health (for a container's postStart hook)")
 	installDir := flag.String("install", "", "copy this executable into `DIR` as DIR/"+installName+" (mode 0755) and exit, serving nothing")
 	flag.Parse()
@@ -57,6 +58,14 @@ func run() error {
 		}
 		if *token != "" {
 			return errors.New("give the token (-access-token or $" + tokenEnv + ") or its -access-token-sha256, not both")
+		}
+	}
+	if *claimSHA256 != "" {
+		if !validSHA256(*claimSHA256) {
+			return fmt.Errorf("-claim-token-sha256 %q: give 64 lower-case hex digits", *claimSHA256)
+		}
+		if *token != "" || *tokenSHA256 != "" {
+			return errors.New("an agent started with -claim-token-sha256 learns its access token from the claim: give no other token")
 		}
 	}
 	// The commands the agent runs inherit its environment: the token stays out of it.
@@ -98,7 +107,9 @@ func run() error {
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true) // the SDK speaks HTTP/2 without TLS by default
 	srv := &http.Server{
-		Handler:           server.New(server.Config{AccessToken: *token, AccessTokenSHA256: *tokenSHA256, Self: self, Metrics: sampler}),
+		Handler: server.New(server.Config{
+			AccessToken: *token, AccessTokenSHA256: *tokenSHA256, ClaimTokenSHA256: *claimSHA256, Self: self, Metrics: sampler,
+		}),
 		Protocols:         protocols,
 		ReadHeaderTimeout: 30 * time.Second,
 	}
@@ -106,7 +117,8 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w (is another agent running? pick another -port)", addr, err)
 	}
-	log.Info("serving", "address", ln.Addr().String(), "user", self.Name, "token_required", *token != "" || *tokenSHA256 != "")
+	log.Info("serving", "address", ln.Addr().String(), "user", self.Name,
+		"token_required", *token != "" || *tokenSHA256 != "", "claimable", *claimSHA256 != "")
 
 	go func() {
 		<-ctx.Done()

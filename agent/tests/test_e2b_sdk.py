@@ -9,6 +9,8 @@ what the agent did on disk or what it answered, so a wrong wire detail fails her
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import pwd
 import secrets
@@ -65,15 +67,16 @@ def agent_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def agent(agent_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    home = tmp_path_factory.mktemp("home")
-    token = secrets.token_hex(16)
+@contextlib.contextmanager
+def _running(binary: Path, home: Path, args: list[str], env: dict[str, str]) -> Iterator[str]:
+    """The agent on a free loopback port, with HOME at `home`, until the block ends; its URL."""
     port = _free_port()
-    env = {**os.environ, "HOME": str(home), "WARREN_AGENT_ACCESS_TOKEN": token}
-    log = (home.parent / "agent.log").open("w")
+    log = (home.parent / f"agent-{port}.log").open("w")
     proc = subprocess.Popen(
-        [str(agent_binary), "-listen", f"127.0.0.1:{port}"], env=env, stdout=log, stderr=log
+        [str(binary), "-listen", f"127.0.0.1:{port}", *args],
+        env={**os.environ, "HOME": str(home), **env},
+        stdout=log,
+        stderr=log,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
@@ -87,10 +90,20 @@ def agent(agent_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             proc.kill()
             pytest.fail(f"the agent did not answer /health; its log is {log.name}")
         time.sleep(0.05)
-    yield Agent(url=url, token=token, home=home)
-    proc.terminate()
-    proc.wait(timeout=10)
-    log.close()
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def agent(agent_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    home = tmp_path_factory.mktemp("home")
+    token = secrets.token_hex(16)
+    with _running(agent_binary, home, [], {"WARREN_AGENT_ACCESS_TOKEN": token}) as url:
+        yield Agent(url=url, token=token, home=home)
 
 
 def _config(token: str | None, http_version: str = "1.1") -> ConnectionConfig:
@@ -452,3 +465,33 @@ def test_calls_without_the_token_are_refused(agent: Agent, token: str | None, wo
     assert not (workdir / "planted.txt").exists()
     # /health stays open: it is how a caller learns the agent is up.
     assert httpx.get(f"{agent.url}/health").status_code == 204
+
+
+# A pool pod's agent
+
+
+def test_a_pool_agent_serves_the_sdk_only_once_claimed(agent_binary: Path, tmp_path: Path) -> None:
+    claim_token, token = secrets.token_hex(16), secrets.token_hex(16)
+    claim_sha256 = hashlib.sha256(claim_token.encode()).hexdigest()
+    with _running(agent_binary, tmp_path, ["-claim-token-sha256", claim_sha256], {}) as url:
+        pool_agent = Agent(url=url, token=token, home=tmp_path)
+        commands, _ = _modules(pool_agent, token)
+        with pytest.raises(AuthenticationException):
+            commands.run("true")
+        body = {
+            "accessTokenSha256": hashlib.sha256(token.encode()).hexdigest(),
+            "envVars": {"CLAIMED_BY": "sandbox-a"},
+        }
+        assert httpx.post(f"{url}/claim", json=body, headers={"X-Claim-Token": token}).status_code == 401
+        assert (
+            httpx.post(f"{url}/claim", json=body, headers={"X-Claim-Token": claim_token}).status_code == 204
+        )
+        result = commands.run("echo $CLAIMED_BY")
+        assert result.stdout.strip() == "sandbox-a"
+        # The pod serves one sandbox: no second claim, and no other token.
+        other = {**body, "accessTokenSha256": hashlib.sha256(b"other").hexdigest()}
+        assert (
+            httpx.post(f"{url}/claim", json=other, headers={"X-Claim-Token": claim_token}).status_code == 409
+        )
+        with pytest.raises(AuthenticationException):
+            _modules(pool_agent, "other")[0].run("true")

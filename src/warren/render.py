@@ -23,6 +23,7 @@ WORKSPACE_DRIVER = "blockd.warren.dev"
 TEMPLATES = (
     "namespaces.yaml.j2",
     "warren.dev_sandboxes.yaml",
+    "warren.dev_sandboxpools.yaml",
     "rbac.yaml.j2",
     "runtimeclass.yaml.j2",
     "csidriver-blockd.yaml.j2",

@@ -48,7 +48,15 @@ image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(b
 # --durations: the slowest tests, for keeping the tier's time in check.
 WARREN_KUBECONFIG=$kubeconfig "$venv/pytest" -m workloads -rP --durations=5 tests/workloads \
   --junitxml "$results/workloads.xml"
-# The control plane's controller on the same cluster, in namespaces of its own.
-WARREN_KUBECONFIG=$kubeconfig WARREN_TEST_IMAGE=$image \
+# The control plane's controller on the same cluster, in namespaces of its own, with the
+# agent image the deployed platform delivers into sandboxes (the node has it).
+agent_image=$(WARREN_KUBECONFIG=$kubeconfig "$venv/python" -c '
+import os
+from kubernetes import client, config
+config.load_kube_config(os.environ["WARREN_KUBECONFIG"])
+deployment = client.AppsV1Api().read_namespaced_deployment("warren-control", "warren-system")
+args = deployment.spec.template.spec.containers[0].args
+print(next(a.split("=", 1)[1] for a in args if a.startswith("--agent-image=")))')
+WARREN_KUBECONFIG=$kubeconfig WARREN_TEST_IMAGE=$image WARREN_AGENT_IMAGE=$agent_image \
   packages/warren-control/tests/run-cluster.sh --durations=10 --junitxml "$results/control-cluster.xml"
 "$venv/pytest" -m cluster --durations=15 tests/cluster --junitxml "$results/cluster.xml"

@@ -170,6 +170,18 @@ def test_crd_group_columns_and_conditions(objects: list[Obj]) -> None:
     assert "status" in version["subresources"]
 
 
+def test_pool_crd_columns_and_status(objects: list[Obj]) -> None:
+    crd = one(objects, "CustomResourceDefinition", "sandboxpools.warren.dev")["spec"]
+    assert crd["names"]["kind"] == "SandboxPool"
+    version = crd["versions"][0]
+    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Size", "Ready", "Starting"}
+    assert "status" in version["subresources"]
+    sandbox = one(objects, "CustomResourceDefinition", "sandboxes.warren.dev")["spec"]["versions"][0]
+    schema = sandbox["schema"]["openAPIV3Schema"]["properties"]
+    assert "pool" in schema["spec"]["properties"]
+    assert "podName" in schema["status"]["properties"]
+
+
 def test_write_creates_one_file_per_template(tmp_path: Path) -> None:
     written = write(WarrenConfig(), tmp_path / "out")
     names = {p.name for p in written}

@@ -1,6 +1,7 @@
 // Package server puts the agent's services on one handler: the Connect services
 // process.Process and filesystem.Filesystem, GET /health, /files and /metrics,
-// every route but /health behind the access token when the agent has one.
+// every route but /health behind the access token when the agent has one. An
+// agent in a pool pod starts without one and learns it from POST /claim.
 package server
 
 import (
@@ -28,7 +29,11 @@ type Config struct {
 	// token itself appears nowhere the agent's starter could leave it (a pod's
 	// spec, a process list).
 	AccessTokenSHA256 string
-	Self              *identity.User
+	// ClaimTokenSHA256, when not empty, starts the agent unclaimed (a pool pod):
+	// it serves only /health and POST /claim, whose X-Claim-Token must have this
+	// SHA-256 (hex), until that claim sets the access token.
+	ClaimTokenSHA256 string
+	Self             *identity.User
 	// Metrics serves GET /metrics from its samples; without one, /metrics is 404.
 	Metrics *metrics.Sampler
 }
@@ -48,7 +53,15 @@ func New(cfg Config) http.Handler {
 		fsys.WriteHTTPError(w, http.StatusNotFound, "%s %s: no such route (the agent serves /health, /files, /metrics and its Connect services)", r.Method, r.URL.Path)
 	})
 
+	var pool *claim
+	if cfg.ClaimTokenSHA256 != "" {
+		pool = &claim{tokenSHA256: cfg.ClaimTokenSHA256}
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/claim" && pool != nil {
+			pool.serve(w, r)
+			return
+		}
 		if r.URL.Path == "/health" {
 			if r.Method != http.MethodGet && r.Method != http.MethodHead {
 				fsys.WriteHTTPError(w, http.StatusMethodNotAllowed, "%s /health: use GET", r.Method)
@@ -57,7 +70,12 @@ func New(cfg Config) http.Handler {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
-		if !cfg.tokenAccepted(r.Header.Get(TokenHeader)) {
+		accepted := cfg.tokenAccepted
+		if pool != nil {
+			access, claimed := pool.claimed()
+			accepted = func(got string) bool { return claimed && hashAccepted(got, access) }
+		}
+		if !accepted(r.Header.Get(TokenHeader)) {
 			const msg = "missing or wrong " + TokenHeader + " header: send the sandbox's access token"
 			if isRPC(r.URL.Path) {
 				rpc.WriteError(w, rpc.Errorf(rpc.Unauthenticated, "%s", msg))
@@ -75,13 +93,18 @@ func New(cfg Config) http.Handler {
 func (cfg Config) tokenAccepted(got string) bool {
 	switch {
 	case cfg.AccessTokenSHA256 != "":
-		sum := sha256.Sum256([]byte(got))
-		return subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(cfg.AccessTokenSHA256)) == 1
+		return hashAccepted(got, cfg.AccessTokenSHA256)
 	case cfg.AccessToken != "":
 		return subtle.ConstantTimeCompare([]byte(got), []byte(cfg.AccessToken)) == 1
 	default:
 		return true
 	}
+}
+
+// hashAccepted says whether got's SHA-256 is want (hex), in constant time.
+func hashAccepted(got, want string) bool {
+	sum := sha256.Sum256([]byte(got))
+	return subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(want)) == 1
 }
 
 // isRPC tells a Connect call (/<package.Service>/<Method>) from a plain HTTP route.

@@ -2,6 +2,9 @@
 
 PostgreSQL: a real server from the distribution's package, started here in a temporary directory
 and stopped after (`postgres_server`, `postgres_url`, `fresh_postgres_url`).
+
+kwok: one throw-away control plane with kwok's simulated nodes for the scale tier's modules
+(`kwok`; tests/kwok_cluster.py), started on first use and shared by them.
 """
 
 from __future__ import annotations
@@ -13,10 +16,14 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from sqlalchemy import create_engine, text
 from warren_common.testing import free_port
+
+if TYPE_CHECKING:
+    from kwok_cluster import KwokCluster
 
 # --- PostgreSQL --------------------------------------------------------------------------------
 
@@ -164,6 +171,29 @@ def records_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 _skipped: list[str] = []
+
+
+# --- kwok --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kwok() -> Iterator[KwokCluster]:
+    # Imported here: only the scale tier needs the cluster client and the binaries.
+    from kwok_cluster import KwokCluster, missing_binaries, warren_cli
+
+    bin_dir = os.environ.get("WARREN_BIN_DIR")
+    if not bin_dir:
+        _unavailable(
+            "no cluster binaries: set WARREN_BIN_DIR to the directory tools/build-cluster-binaries.sh "
+            "prints (tests/run-scale.sh does)"
+        )
+        raise AssertionError  # not reached: skip and fail raise
+    if missing := missing_binaries(Path(bin_dir)):
+        _unavailable(f"WARREN_BIN_DIR={bin_dir} lacks {', '.join(missing)}")
+    if not warren_cli().exists():
+        _unavailable(f"no {warren_cli()}: `make venv` installs the warren command that applies the floor")
+    with KwokCluster(Path(bin_dir)) as made:
+        yield made
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -183,6 +183,9 @@ CONTROLLER_WRITES = frozenset(
         ("PUT", "sandboxes/status"),
     }
 )
+# Single-object reads: what the controller's passes cost when they read the API server
+# instead of its watch-fed memory (the test's own waiting is by watch and list).
+CONTROLLER_READS = frozenset({("GET", "pods"), ("GET", "sandboxes")})
 _REQUEST_TOTAL = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -210,6 +213,10 @@ def api_requests(kube: Kube) -> Counter[tuple[str, str]]:
 
 def controller_writes(before: Counter[tuple[str, str]], after: Counter[tuple[str, str]]) -> int:
     return sum(after[key] - before[key] for key in CONTROLLER_WRITES)
+
+
+def controller_reads(before: Counter[tuple[str, str]], after: Counter[tuple[str, str]]) -> int:
+    return sum(after[key] - before[key] for key in CONTROLLER_READS)
 
 
 def list_all(kube: Kube, path: str, page: int = 500) -> list[Obj]:
@@ -340,12 +347,14 @@ class PhaseWatch:
             return len(self.reached)
 
 
-def create_sandboxes(kube: Kube, names: list[str], threads: int, image: str = "busybox") -> list[str]:
+def create_sandboxes(
+    kube: Kube, names: list[str], threads: int, image: str = "busybox", spec: Obj | None = None
+) -> list[str]:
     """Create the Sandboxes from a pool of threads; returns the errors (empty when all made)."""
     path = sandboxes_path()
 
     def one(name: str) -> str | None:
-        body = sandbox_body(name, image)
+        body = sandbox_body(name, image, **(spec or {}))
         body["metadata"]["finalizers"] = [FINALIZER]  # as the API creates them
         try:
             kube.request("POST", path, body=body)
@@ -366,6 +375,7 @@ def reconcile(
     create_threads: int = 32,
     timeout: float = 1800,
     prefix: str = "scale",
+    spec: Obj | None = None,
 ) -> ReconcileResult:
     """Create `count` Sandboxes (in an empty namespace) while `controller` runs, and wait
     until every one reports Running. The clock starts before the first create, so the rate
@@ -380,7 +390,7 @@ def reconcile(
 
     with PhaseWatch(kube) as running:
         start = time.monotonic()
-        errors = create_sandboxes(kube, names, create_threads)
+        errors = create_sandboxes(kube, names, create_threads, spec=spec)
         created = time.monotonic()
         reached = running.wait(count, timeout, check)
         seconds = time.monotonic() - start

@@ -13,5 +13,6 @@ if [[ -z ${WARREN_BIN_DIR:-} ]]; then
 fi
 
 cd "$package"
-# -rP: the measured rates are printed by the test; show them for a passing run too.
-.venv/bin/pytest -m scale -rP "$@"
+# -rfEP: the measured rates are printed by the test; show them for a passing run too, and
+# end with a failure's one-line reason, after its output.
+.venv/bin/pytest -m scale -rfEP "$@"

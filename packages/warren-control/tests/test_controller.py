@@ -12,12 +12,14 @@ from typing import Any
 import kopf
 import pytest
 from kubernetes import client
+from warren_common.testing import wait_for
 from warren_control.controller import (
     ANNOTATION_PREFIX,
     FINALIZER,
     ControllerOptions,
     MemoryDiffBase,
     Observation,
+    PodEvents,
     ProgressAnnotations,
     Reconciler,
     build_registry,
@@ -46,9 +48,14 @@ class FakeKube(Kube):
         self.sandboxes: dict[str, Obj] = {}
         self.creates = 0
         self.status_patches = 0
+        self.reads = 0  # single-object GETs: what the stores are there to spare
         self.refuse: ApiException | None = None
         self.hide_next_read = False  # a create raced by another pass: read misses, create 409s
+        self.lists = 0
+        self.pod_patches = 0
+        self.pool_status: dict[str, Obj] = {}
         self._uids = 0
+        self._versions = 0
 
     def _uid(self) -> str:
         self._uids += 1
@@ -69,36 +76,82 @@ class FakeKube(Kube):
         self.sandboxes[name]["metadata"]["generation"] += 1
 
     def read_pod(self, namespace: str, name: str) -> Obj | None:
+        self.reads += 1
         if self.hide_next_read:
             self.hide_next_read = False
             return None
         pod = self.pods.get(name)
         return copy.deepcopy(pod) if pod else None
 
+    def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
+        self.lists += 1
+        if self.hide_next_read:
+            self.hide_next_read = False
+            return []
+        key, _, value = label_selector.partition("=")
+        return [
+            copy.deepcopy(p) for p in self.pods.values() if p["metadata"].get("labels", {}).get(key) == value
+        ]
+
+    def _version(self, obj: Obj) -> None:
+        self._versions += 1
+        obj["metadata"]["resourceVersion"] = str(self._versions)
+
     def create_pod(self, namespace: str, body: Obj, *, dry_run: bool = False) -> Obj:
         if self.refuse:
             raise self.refuse
-        name = body["metadata"]["name"]
+        pod = copy.deepcopy(body)
+        if "generateName" in pod["metadata"]:
+            pod["metadata"]["name"] = f"{pod['metadata'].pop('generateName')}{self._versions + 1:05d}"
+        name = pod["metadata"]["name"]
         if name in self.pods:
             raise api_error(409, f'pods "{name}" already exists')
         self.creates += 1
-        pod = copy.deepcopy(body)
         pod["metadata"]["uid"] = self._uid()
+        pod["metadata"]["namespace"] = namespace
         pod["status"] = {"phase": "Pending"}
+        self._version(pod)
         self.pods[name] = pod
         return copy.deepcopy(pod)
 
-    def delete_pod(self, namespace: str, name: str, *, uid: str | None = None) -> bool:
+    def patch_pod(self, namespace: str, name: str, patch: Obj) -> Obj:
+        """A merge patch of metadata, with the resourceVersion precondition the server applies."""
+        pod = self.pods.get(name)
+        if pod is None:
+            raise api_error(404, f'pods "{name}" not found')
+        meta = patch["metadata"]
+        if meta.get("resourceVersion") not in {None, pod["metadata"]["resourceVersion"]}:
+            raise api_error(409, "the object has been modified")
+        self.pod_patches += 1
+        for key in ("labels", "annotations"):
+            merged = {**pod["metadata"].get(key, {}), **meta.get(key, {})}
+            pod["metadata"][key] = {k: v for k, v in merged.items() if v is not None}
+        if "ownerReferences" in meta:
+            pod["metadata"]["ownerReferences"] = copy.deepcopy(meta["ownerReferences"])
+        self._version(pod)
+        return copy.deepcopy(pod)
+
+    def delete_pod(
+        self, namespace: str, name: str, *, uid: str | None = None, resource_version: str | None = None
+    ) -> bool:
         pod = self.pods.get(name)
         if pod is None or (uid and pod["metadata"]["uid"] != uid):
             return False
+        if resource_version and pod["metadata"]["resourceVersion"] != resource_version:
+            return False
         pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # graceful: still there
+        self._version(pod)
         return True
+
+    def patch_pool_status(self, namespace: str, name: str, status: Obj) -> Obj:
+        self.pool_status[name] = {**self.pool_status.get(name, {}), **copy.deepcopy(status)}
+        return {"status": self.pool_status[name]}
 
     def finish_deletions(self) -> None:
         self.pods = {k: v for k, v in self.pods.items() if "deletionTimestamp" not in v["metadata"]}
 
     def read_sandbox(self, namespace: str, name: str) -> Obj | None:
+        self.reads += 1
         obj = self.sandboxes.get(name)
         return copy.deepcopy(obj) if obj else None
 
@@ -133,8 +186,7 @@ def reconciler(kube: FakeKube) -> Reconciler:
 
 
 def ready(status: Obj) -> Obj:
-    (condition,) = status["conditions"]
-    assert condition["type"] == "Ready"
+    (condition,) = [c for c in status["conditions"] if c["type"] == "Ready"]
     return condition
 
 
@@ -310,10 +362,25 @@ def test_pod_event_for_a_recreated_sandbox_of_the_same_name_deletes_the_old_pod(
 def test_pod_deleted_behind_our_back_is_made_again(kube: FakeKube, reconciler: Reconciler) -> None:
     kube.add_sandbox("a")
     reconciler.reconcile(NS, "a")
+    remember_all(reconciler, kube)
     gone = kube.pods.popitem()[1]
+    reconciler.pods.apply("DELETED", gone)
     reconciler.pod_changed("DELETED", gone)
     assert len(kube.pods) == 1
     assert kube.creates == 2
+
+
+def test_a_gone_pod_whose_sandbox_memory_lacks_costs_no_read(kube: FakeKube, reconciler: Reconciler) -> None:
+    # Under load a pod's DELETED event is often handled after its Sandbox's: the Sandbox is
+    # gone, or (if its event is late) kopf's handlers make the pod again when it comes.
+    kube.add_sandbox("a")
+    reconciler.reconcile(NS, "a")
+    pod = copy.deepcopy(next(iter(kube.pods.values())))
+    reads = kube.reads
+    reconciler.pod_changed("DELETED", pod)
+    reconciler.pod_changed("MODIFIED", {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "x"}})
+    assert kube.reads == reads
+    assert kube.creates == 1
 
 
 def test_pod_event_updates_status(kube: FakeKube, reconciler: Reconciler) -> None:
@@ -475,9 +542,12 @@ def test_registry_handles_sandboxes_and_watches_only_our_pods(kube: FakeKube) ->
     changing = {h.id for h in registry._changing.get_all_handlers()}
     assert changing == {"ensure", "finalize"}
     assert {h.id for h in registry._spawning.get_all_handlers()} == {"resync"}
-    (pods,) = registry._watching.get_all_handlers()
-    assert pods.id == "pod-event"
-    assert pods.labels == {"app.kubernetes.io/managed-by": "warren-control"}
+    (sandboxes,) = registry._watching.get_all_handlers()
+    assert sandboxes.id == "remember"
+    assert sandboxes.selector.any_name == "sandboxes"
+    pods, pools = PodEvents(Reconciler(kube), [NS]).informers
+    assert pods.query == {"labelSelector": "app.kubernetes.io/managed-by=warren-control"}
+    assert pools.path == f"/apis/warren.dev/v1alpha1/namespaces/{NS}/sandboxpools"
 
 
 def test_resync_waits_one_interval_before_its_first_pass(kube: FakeKube) -> None:
@@ -560,3 +630,91 @@ def test_kopf_logs_in_as_the_handlers_client(
     assert (info.scheme, info.token) == expected
     assert info.server == "https://api.example:6443"
     assert info.ca_path == "ca.crt"
+
+
+# ---- passes from the watches' memory
+
+
+def remember_all(reconciler: Reconciler, kube: FakeKube) -> None:
+    """Feed the stores what the watches would have delivered by now."""
+    reconciler.pods.replace(NS, copy.deepcopy(list(kube.pods.values())))
+    for sandbox in kube.sandboxes.values():
+        reconciler.sandbox_event("MODIFIED", copy.deepcopy(sandbox))
+
+
+def test_a_sandbox_reaches_running_without_reading_the_server(kube: FakeKube, reconciler: Reconciler) -> None:
+    sbx = kube.add_sandbox("a")
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    pod = kube.pods[pod_name(sbx["metadata"]["uid"])]
+    run(pod)
+    reconciler.pods.apply("MODIFIED", copy.deepcopy(pod))
+    reconciler.pod_changed("MODIFIED", pod)
+    assert kube.status("a")["phase"] == "Running"
+    assert (kube.reads, kube.creates, kube.status_patches) == (0, 1, 2)
+
+
+def test_the_status_written_last_is_not_written_again_before_the_watch_brings_it(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    kube.add_sandbox("a")
+    remember_all(reconciler, kube)
+    for _ in range(3):  # the remembered Sandbox still has no status: the watch is behind
+        reconciler.reconcile(NS, "a")
+    assert kube.status_patches == 1
+    assert "status" not in reconciler.sandboxes.get(NS, "a")  # type: ignore[operator]
+
+
+def test_a_pod_gone_from_a_relist_is_made_again_and_wakes_no_one(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    kube.add_sandbox("a")
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    remember_all(reconciler, kube)
+    events = PodEvents(reconciler, [NS])
+    kube.pods.clear()  # deleted while no watch ran: only the relist shows it
+    events._replace(NS, [])
+    wait_for(lambda: kube.creates == 2, 10, "the pod made again")
+    events.queue.shutdown()
+    assert len(kube.pods) == 1
+
+
+def test_a_relist_without_the_pod_wakes_its_finalizer(kube: FakeKube, reconciler: Reconciler) -> None:
+    sbx = kube.add_sandbox("a")
+    uid = sbx["metadata"]["uid"]
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    remember_all(reconciler, kube)
+    woken: list[str] = []
+    events = PodEvents(reconciler, [NS])
+    with reconciler.finalizing(uid, lambda: woken.append(uid)):
+        events._replace(NS, [])
+        assert set(woken) == {uid}  # at once; the queued pass may wake it again
+        assert reconciler.finalize(NS, "a", uid, report=False) is True
+    events.queue.shutdown()
+
+
+def test_a_pod_whose_owner_memory_lacks_is_deleted_only_on_the_servers_word(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    kube.add_sandbox("a")
+    reconciler.reconcile(NS, "a")
+    pod = copy.deepcopy(next(iter(kube.pods.values())))
+    remember_all(reconciler, kube)
+    reconciler.sandboxes.apply("DELETED", reconciler.sandboxes.get(NS, "a"))  # type: ignore[arg-type]
+    reconciler.pod_changed("MODIFIED", pod)  # the Sandbox's event is late, not gone
+    assert "deletionTimestamp" not in kube.pods[pod["metadata"]["name"]]["metadata"]
+    del kube.sandboxes["a"]
+    reconciler.pod_changed("MODIFIED", pod)  # now the server says it is gone
+    assert "deletionTimestamp" in kube.pods[pod["metadata"]["name"]]["metadata"]
+
+
+def test_a_deleted_sandbox_forgets_the_status_written_for_it(kube: FakeKube, reconciler: Reconciler) -> None:
+    sbx = kube.add_sandbox("a")
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    assert reconciler._written
+    reconciler.sandbox_event("DELETED", copy.deepcopy(sbx))
+    assert not reconciler._written
+    assert reconciler.sandboxes.get(NS, "a") is None

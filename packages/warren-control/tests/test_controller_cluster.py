@@ -84,8 +84,11 @@ def test_sandbox_becomes_one_running_gvisor_pod(
 
     status = sandbox["status"]
     assert status["observedGeneration"] == sandbox["metadata"]["generation"]
-    (ready,) = status["conditions"]
-    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "PodReady")
+    (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
+    assert (ready["status"], ready["reason"]) == ("True", "PodReady")
+    # Named no pool: started cold, and says so.
+    (started,) = [c for c in status["conditions"] if c["type"] == "PoolClaimed"]
+    assert (started["status"], started["reason"]) == ("False", "NoPool")
     assert "gVisor" in exec_in(kube, namespace, pod["metadata"]["name"], ["dmesg"])
 
 
@@ -125,7 +128,8 @@ def test_stop_removes_the_pod_and_keeps_the_sandbox(
     timing("stop to Stopped", time.monotonic() - start)
     assert pods_of(kube, namespace, uid) == []
     assert sandbox["status"]["observedGeneration"] == sandbox["metadata"]["generation"]
-    assert sandbox["status"]["conditions"][0]["status"] == "False"
+    (ready,) = [c for c in sandbox["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready["status"] == "False"
 
     start = time.monotonic()
     kube.patch_sandbox(namespace, "nap", {"spec": {"stopped": False}})

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from k8s_helpers import controller_kubeconfig
 from warren_control.kube import ApiException, Kube, Obj
-from warren_control.podspec import PodOptions, pod_for
+from warren_control.podspec import PodOptions, pod_for, pool_pod_for
 
 pytest_plugins = ["k8s_fixtures"]
 pytestmark = pytest.mark.cluster
@@ -67,6 +67,21 @@ def test_pod_for_sandbox_is_admitted(kube: Kube, namespace: str, image: str, cas
 def test_pod_with_a_long_sandbox_name_is_admitted(kube: Kube, namespace: str, image: str) -> None:
     sandbox = stored_sandbox(kube, namespace, "s" * 200, image, {})
     assert dry_run(kube, namespace, pod_for(sandbox)) is None
+
+
+def test_a_pools_pod_is_admitted(kube: Kube, namespace: str, image: str) -> None:
+    body = {
+        "apiVersion": "warren.dev/v1alpha1",
+        "kind": "SandboxPool",
+        "metadata": {"name": "dry-pool"},
+        "spec": {"image": image, "size": 0, "resources": {"cpu": "250m", "memory": "256Mi"}},
+    }
+    pool = kube.request("POST", kube.pools_path(namespace), body=body)
+    # With the agent, started unclaimed: the pod the controller makes for a deployed pool.
+    options = PodOptions(image_pull_policy="Never", agent_image=image)
+    pod = pool_pod_for(pool, name="pool-dry-pool-0123456789", claim_sha256="0" * 64, options=options)
+    exc = dry_run(kube, namespace, pod)
+    assert exc is None, refusal(exc) if exc else ""
 
 
 def test_only_the_controller_may_mount_a_workspace(

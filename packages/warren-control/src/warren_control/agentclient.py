@@ -72,6 +72,33 @@ class Exit:
     error: str | None = None
 
 
+CLAIM_HEADER = "X-Claim-Token"
+
+
+def claim(
+    address: str, claim_token: str, access_sha256: str, env: dict[str, str], port: int = AGENT_PORT
+) -> None:
+    """Give an unclaimed agent (a pool pod's) its Sandbox: the access token's SHA-256 every
+    later call is checked against, and the environment of the processes it starts. The
+    agent takes one claim in its life; AgentRefused if it refuses this one."""
+    agent = Agent(address, token="", port=port)
+    try:
+        answer = httpx.post(
+            agent.url("/claim"),
+            json={"accessTokenSha256": access_sha256, "envVars": env},
+            headers={CLAIM_HEADER: claim_token},
+            timeout=CONNECT_TIMEOUT_S,
+        )
+    except httpx.HTTPError as exc:
+        raise AgentError(f"the agent at {address} could not be reached: {exc}") from exc
+    if answer.status_code != httpx.codes.NO_CONTENT:
+        try:
+            message = str(answer.json().get("message") or answer.text)
+        except ValueError:
+            message = answer.text
+        raise AgentRefused(answer.status_code, message)
+
+
 def client() -> httpx.AsyncClient:
     """A client for agent calls (one per API process: it pools connections to pods)."""
     timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)

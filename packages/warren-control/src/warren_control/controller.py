@@ -10,14 +10,26 @@ outlives it in object storage for the control plane's retention period.
 Every trigger runs the same level-based pass: Sandbox create/update/resume, a periodic
 resync, and every event of a pod this controller made (so pod phase changes reach the
 Sandbox's status, and a pod deleted behind our back is made again).
+
+A pass reads from memory, not from the API server: Sandboxes as kopf's watch delivers them,
+pods from an informer of the controller's own (informer.Store), each in the order the server
+made the changes, so a pass never sees an older state than the one before it. It asks the
+server only where memory cannot answer: before the pod informer has listed, and before it
+deletes a pod whose Sandbox it does not hold (an orphan, or a Sandbox whose event is late).
+The status it last wrote is remembered too, because the watch may not have brought it back
+yet; only this controller writes those fields.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
+import hashlib
+import hmac
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,14 +42,18 @@ from typing import Any, Literal, cast
 
 import kopf
 
-from warren_control import leader
+from warren_control import agentclient, leader
+from warren_control.informer import CoalescingQueue, Informer, Store
 from warren_control.kube import ApiException, Kube, Obj, error_message
 from warren_control.podspec import (
+    AGENT_CONTAINER,
     FINALIZER,
     GROUP,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     PLURAL,
+    POOL_LABEL,
+    SANDBOX_UID_LABEL,
     SPEC_HASH_ANNOTATION,
     VERSION,
     WORKSPACE_LABEL,
@@ -46,9 +62,17 @@ from warren_control.podspec import (
     SandboxSpecError,
     add_request_arguments,
     blockd_volume,
+    claim_patch,
     controller_uid,
     pod_for,
     pod_name,
+    pool_hash,
+    pool_misfit,
+    pool_of,
+    pool_pod_for,
+    pool_pod_name,
+    pool_refill_per_second,
+    pool_size,
     spec_hash,
 )
 
@@ -97,6 +121,31 @@ class Observation:
     ready: bool
     reason: str
     message: str
+    # The pod it runs in (a claimed pool pod's name is not the Sandbox's own), and, from the
+    # pass that made or claimed that pod, how it started (the POOL_CONDITION condition).
+    pod: str | None = None
+    start: Obj | None = None
+
+
+# A claim tries this many ready pool pods (each one another claim may have taken first)
+# before the Sandbox starts cold.
+CLAIM_ATTEMPTS = 5
+# A pool pod created but not yet seen by the watch counts as the pool's for this long.
+POOL_CREATE_GRACE_SECONDS = 60.0
+
+
+# How a Sandbox's pod started, as a condition, so the API shows it with the others: True,
+# a pool's ready pod was claimed; False, the pod was started cold, and the reason says why.
+POOL_CONDITION = "PoolClaimed"
+
+
+def _cold(reason: str, message: str) -> Obj:
+    return {"type": POOL_CONDITION, "status": "False", "reason": reason, "message": message}
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    ready = _pod_condition(pod, "Ready") or {}
+    return (pod.get("status") or {}).get("phase") == "Running" and ready.get("status") == "True"
 
 
 def _terminating(obj: Mapping[str, Any]) -> bool:
@@ -131,7 +180,7 @@ def _pod_condition(pod: Mapping[str, Any], kind: str) -> Obj | None:
 def observe(sandbox: Mapping[str, Any], pod: Mapping[str, Any] | None) -> Observation:
     """The Sandbox's phase from what its pod shows. Pure: the unit tests drive it with
     pods as the API returns them."""
-    name = pod_name(str(sandbox["metadata"]["uid"]))
+    name = pod["metadata"]["name"] if pod is not None else pod_name(str(sandbox["metadata"]["uid"]))
     if _terminating(sandbox):
         return Observation("Terminating", False, "Deleting", "the sandbox is being deleted")
     if pod is None:
@@ -179,6 +228,9 @@ def status_for(sandbox: Mapping[str, Any], seen: Observation, now: str | None = 
     are carried over (a merge patch replaces the whole list)."""
     generation = (sandbox.get("metadata") or {}).get("generation")
     conditions = list((sandbox.get("status") or {}).get("conditions") or [])
+    if seen.start is not None:
+        started = {**seen.start, "lastTransitionTime": now or _now()}
+        conditions = [c for c in conditions if c.get("type") != started["type"]] + [started]
     value = "True" if seen.ready else "False"
     before = next((c for c in conditions if c.get("type") == READY), None)
     transition = now or _now()
@@ -198,6 +250,8 @@ def status_for(sandbox: Mapping[str, Any], seen: Observation, now: str | None = 
     if generation is not None:
         condition["observedGeneration"] = generation
         status["observedGeneration"] = generation
+    if seen.pod is not None:
+        status["podName"] = seen.pod
     return status
 
 
@@ -205,32 +259,96 @@ def _same_status(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     return all(current.get(key) == value for key, value in wanted.items())
 
 
+def _deleting(pod: Obj) -> Obj:
+    """The pod as the server holds it once it accepted a graceful delete; its own events
+    follow, so a pass need not read it again."""
+    return {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": _now()}}
+
+
 class Reconciler:
     """The one pass every trigger runs. Safe to run any number of times, concurrently and
-    after a crash at any point: it acts only on what it reads from the API server."""
+    after a crash at any point: it acts only on what the watches delivered or the API server
+    answered."""
 
     def __init__(self, kube: Kube, options: ControllerOptions | None = None) -> None:
         self.kube = kube
         self.options = options or ControllerOptions()
+        # Sandboxes as kopf's watch delivers them (sandbox_event); pods from PodEvents.
+        self.sandboxes = Store()
+        self.pods = Store(index=SANDBOX_UID_LABEL)
+        self.pools = Store()
+        # Asks for a pass of a pool (namespace, name); PodEvents queues it.
+        self.request_pool_pass: Callable[[str, str], object] = lambda _namespace, _name: None
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
         # Sandbox uid -> wakes its finalizer, for as long as one waits for the pod to go.
         self._finalizing: dict[str, Callable[[], object]] = {}
+        # Sandbox uid -> the status this controller last wrote there.
+        self._written: dict[str, Obj] = {}
+        # Sandbox uid -> the pool pod it claimed, until the watch shows the claim; and the
+        # names of pool pods claimed here that the watch may still show unclaimed.
+        self._claims: dict[str, Obj] = {}
+        self._taken: set[tuple[str, str]] = set()  # (namespace, name)
+        # Pool uid -> {pod name: (created at, pod)} for pods the watch has not shown yet;
+        # pool uid -> (refill tokens, when counted); pool uid -> the status written last.
+        self._pool_creating: dict[str, dict[str, tuple[float, Obj]]] = {}
+        self._pool_tokens: dict[str, tuple[float, float]] = {}
+        self._pool_written: dict[str, Obj] = {}
+        # Pool uid -> the uids of the pods this process made for it: the only ones it hands out.
+        self._pool_made: dict[str, set[str]] = {}
+        # A pool pod's claim token is this key's HMAC of the pod's name: never stored, and
+        # gone with the process, as the pods it made may no longer be handed out.
+        self._claim_key = secrets.token_bytes(32)
 
     @contextmanager
     def _serialized(self, namespace: str, name: str) -> Iterator[None]:
-        # kopf's handlers, the pod watch and the resync timer reach the same Sandbox from
+        # kopf's handlers, the pod events and the resync timer reach the same Sandbox from
         # different threads; one pass at a time keeps their status writes in order.
         with self._guard:
             lock = self._locks.setdefault(f"{namespace}/{name}", threading.Lock())
         with lock:
             yield
 
+    def _sandbox(self, namespace: str, name: str) -> Obj | None:
+        # kopf runs the watching handler that fills the store before a Sandbox's own
+        # handlers, so a miss here is a Sandbox kopf has not delivered: ask the server.
+        return self.sandboxes.get(namespace, name) or self.kube.read_sandbox(namespace, name)
+
+    def _pods_of(self, namespace: str, uid: str) -> list[Obj]:
+        """The pods the Sandbox `uid` controls, the live ones first: the one made for it
+        (named for its uid) or the pool pod it claimed. More than one only for a moment
+        (a replaced pod still stopping)."""
+        if self.pods.synced(namespace):
+            pods = self.pods.indexed(namespace, uid)
+        else:  # the pod informer has not listed yet
+            pods = self.kube.list_pods(namespace, f"{SANDBOX_UID_LABEL}={uid}")
+        pods = [pod for pod in pods if controller_uid(pod) == uid]
+        with self._guard:
+            claimed = self._claims.get(uid)
+            if claimed is not None and any(
+                p["metadata"]["name"] == claimed["metadata"]["name"] for p in pods
+            ):
+                del self._claims[uid]  # the watch has shown the claim
+            elif claimed is not None:
+                pods.append(claimed)
+        return sorted(pods, key=_terminating)
+
+    def _pod_of(self, namespace: str, uid: str) -> Obj | None:
+        pods = self._pods_of(namespace, uid)
+        return pods[0] if pods else None
+
+    def sandbox_event(self, event_type: str, sandbox: Obj) -> None:
+        """A Sandbox as kopf's watch delivered it (event type "" for one of a list)."""
+        self.sandboxes.apply(event_type, sandbox)
+        if event_type == "DELETED":
+            with self._guard:
+                self._written.pop(str(sandbox["metadata"]["uid"]), None)
+
     def reconcile(self, namespace: str, name: str) -> Observation | None:
         """Converge one Sandbox and write its status; None if it is gone or being
         deleted (the finalizer's business)."""
         with self._serialized(namespace, name):
-            sandbox = self.kube.read_sandbox(namespace, name)
+            sandbox = self._sandbox(namespace, name)
             if sandbox is None or _terminating(sandbox):
                 return None
             return self._pass(sandbox)
@@ -243,18 +361,19 @@ class Reconciler:
     def converge(self, sandbox: Obj) -> Observation:
         namespace = sandbox["metadata"]["namespace"]
         uid = str(sandbox["metadata"]["uid"])
-        name = pod_name(uid)
-        # Read afresh, never taken from a pod event: a pass from another trigger may already
-        # have seen a later state, and an event's older one would set the status back.
-        pod = self.kube.read_pod(namespace, name)
-        if pod is not None and controller_uid(pod) != uid:
-            return self._not_ours(name)
+        # Never the pod of the event that triggered this pass: a pass from another trigger
+        # may already have seen a later state, and an event's older one would set it back.
+        pods = self._pods_of(namespace, uid)
+        pod = pods[0] if pods else None
+        for extra in pods[1:]:
+            if not _terminating(extra):  # one pod per Sandbox, whatever raced
+                self._delete(extra)
+        name = pod["metadata"]["name"] if pod is not None else pod_name(uid)
 
         if _stopped(sandbox):
             if pod is not None and not _terminating(pod):
-                self.kube.delete_pod(namespace, name, uid=pod["metadata"]["uid"])
+                pod = self._delete(pod)
                 log.info("stopping %s/%s: deleted pod %s", namespace, sandbox["metadata"]["name"], name)
-                pod = self.kube.read_pod(namespace, name)
             return observe(sandbox, pod)
 
         if pod is not None and not _terminating(pod):
@@ -262,20 +381,270 @@ class Reconciler:
             if annotations.get(SPEC_HASH_ANNOTATION) != spec_hash(sandbox):
                 # A pod's spec is immutable: replace it. The new one is made once the
                 # old one is gone (its DELETED event, or the next pass).
-                self.kube.delete_pod(namespace, name, uid=pod["metadata"]["uid"])
+                pod = self._delete(pod)
                 log.info(
                     "the spec of %s/%s changed: replacing pod %s",
                     namespace,
                     sandbox["metadata"]["name"],
                     name,
                 )
-                pod = self.kube.read_pod(namespace, name)
+        start: Obj | None = None
+        if pod is None:
+            pod, start = self._claim(sandbox)
         if pod is None:
             created = self._create(sandbox)
             if isinstance(created, Observation):
                 return created
             pod = created
-        return observe(sandbox, pod)
+        return dataclasses.replace(observe(sandbox, pod), pod=pod["metadata"]["name"], start=start)
+
+    def _claim(self, sandbox: Obj) -> tuple[Obj | None, Obj]:
+        """A ready pod of the pool the Sandbox names, made its own; else None and why the
+        Sandbox starts cold. The server applies a claim only to the pod's version that was
+        chosen, so a pod goes to one Sandbox even if two controllers raced for it."""
+        namespace = sandbox["metadata"]["namespace"]
+        uid = str(sandbox["metadata"]["uid"])
+        pool_name = (sandbox.get("spec") or {}).get("pool")
+        if not pool_name:
+            return None, _cold("NoPool", "the sandbox names no pool")
+        pool = self.pools.get(namespace, str(pool_name))
+        if pool is None or _terminating(pool):
+            return None, _cold("PoolNotFound", f"no SandboxPool {pool_name} in {namespace}")
+        if misfit := pool_misfit(sandbox, pool, self.options.pod):
+            return None, _cold("PoolMismatch", misfit)
+        attempts = 0
+        for candidate in self._ready_pool_pods(pool):
+            name = candidate["metadata"]["name"]
+            with self._guard:
+                if (namespace, name) in self._taken:
+                    continue
+                self._taken.add((namespace, name))
+            attempts += 1
+            try:
+                claimed = self.kube.patch_pod(
+                    namespace, name, claim_patch(sandbox, candidate, str(pool_name))
+                )
+            except ApiException as exc:
+                with self._guard:
+                    self._taken.discard((namespace, name))  # not ours: the watch shows what became of it
+                # Changed since the watch showed it (claimed elsewhere, deleted): another.
+                if exc.status not in {HTTPStatus.CONFLICT, HTTPStatus.NOT_FOUND}:
+                    raise
+                if attempts >= CLAIM_ATTEMPTS:
+                    break
+                continue
+            self.request_pool_pass(namespace, str(pool_name))  # refill
+            if refused := self._claim_agent(sandbox, claimed):
+                # The pod is the Sandbox's but its agent would not serve it: it goes, and
+                # the Sandbox starts cold.
+                self.kube.delete_pod(namespace, name, uid=claimed["metadata"]["uid"])
+                return None, _cold("ClaimFailed", f"the agent of pool {pool_name}'s pod refused: {refused}")
+            with self._guard:
+                self._claims[uid] = claimed
+            log.info(
+                "claimed pod %s of pool %s for %s/%s", name, pool_name, namespace, sandbox["metadata"]["name"]
+            )
+            return claimed, {
+                "type": POOL_CONDITION,
+                "status": "True",
+                "reason": "Claimed",
+                "message": f"claimed a ready pod of pool {pool_name}",
+            }
+        return None, _cold("PoolEmpty", f"pool {pool_name} had no ready pod")
+
+    def _claim_token(self, pod_name: str) -> str:
+        return hmac.new(self._claim_key, pod_name.encode(), hashlib.sha256).hexdigest()
+
+    def _claim_agent(self, sandbox: Obj, pod: Obj) -> str | None:
+        """Give the claimed pod's agent the Sandbox's token and environment; why not, if it
+        could not be done. Pods without an agent, and Sandboxes without a token, need none."""
+        spec = sandbox.get("spec") or {}
+        token_sha256 = spec.get("agentTokenSha256")
+        init = (pod.get("spec") or {}).get("initContainers") or []
+        if not token_sha256 or not any(c.get("name") == AGENT_CONTAINER for c in init):
+            return None
+        address = (pod.get("status") or {}).get("podIP")
+        if not address:
+            return "the pod has no address"
+        try:
+            agentclient.claim(
+                str(address),
+                self._claim_token(pod["metadata"]["name"]),
+                str(token_sha256),
+                dict(spec.get("env") or {}),
+            )
+        except agentclient.AgentError as exc:
+            return str(exc)
+        return None
+
+    def _pool_pods(self, pool: Obj) -> list[Obj]:
+        """The pool's unclaimed pods as the watch shows them, less those claimed here since."""
+        meta = pool["metadata"]
+        owned = [
+            pod
+            for pod in self.pods.select(meta["namespace"], {POOL_LABEL: meta["name"]})
+            if pool_of(pod) == (meta["name"], meta["uid"])
+        ]
+        with self._guard:
+            return [pod for pod in owned if (meta["namespace"], pod["metadata"]["name"]) not in self._taken]
+
+    def _ready_pool_pods(self, pool: Obj) -> list[Obj]:
+        current = pool_hash(pool)
+        with self._guard:
+            made = set(self._pool_made.get(str(pool["metadata"]["uid"]), ()))
+        return [
+            pod
+            for pod in self._pool_pods(pool)
+            if pod["metadata"]["uid"] in made
+            and _ready(pod)
+            and not _terminating(pod)
+            and (pod["metadata"].get("annotations") or {}).get(SPEC_HASH_ANNOTATION) == current
+        ]
+
+    def reconcile_pool(self, namespace: str, name: str) -> None:
+        """Keep the pool's size of unclaimed pods of its current spec, made no faster than
+        its refill rate; replace pods of an older spec; report the counts in its status.
+
+        Only pods this process made are kept and handed out: a pod that merely looks like
+        the pool's (its labels and owner can be written by anyone who may create pods in the
+        namespace) is deleted, and so, after a restart, are the pods made before it."""
+        with self._serialized(f"pool:{namespace}", name):
+            pool = self.pools.get(namespace, name)
+            if pool is None or _terminating(pool):
+                return  # its pods go with it (they are the garbage collector's: it owns them)
+            uid, current, size = str(pool["metadata"]["uid"]), pool_hash(pool), pool_size(pool)
+            self._forget_taken(namespace)
+            with self._guard:
+                made = set(self._pool_made.get(uid, ()))
+            keep: list[Obj] = []
+            drop: list[Obj] = []
+            for pod in self._pool_pods(pool):
+                if _terminating(pod):
+                    continue
+                annotations = pod["metadata"].get("annotations") or {}
+                ours = pod["metadata"]["uid"] in made and annotations.get(SPEC_HASH_ANNOTATION) == current
+                (keep if ours else drop).append(pod)
+            creating = self._creating(pool)
+            if (excess := len(keep) + len(creating) - size) > 0:  # the pool shrank: unready ones first
+                keep.sort(key=_ready)
+                drop, keep = drop + keep[:excess], keep[excess:]
+            for pod in drop:
+                self._delete_pool_pod(pod)
+            with self._guard:
+                self._pool_made[uid] = made & {p["metadata"]["uid"] for p in keep + creating}
+            if (missing := size - len(keep) - len(creating)) > 0:
+                self._refill(pool, missing)
+            ready = sum(1 for pod in keep if _ready(pod))
+            self._write_pool_status(
+                pool, {"size": size, "ready": ready, "starting": len(keep) + len(creating) - ready}
+            )
+
+    def _forget_taken(self, namespace: str) -> None:
+        """Forget the namespace's claimed pods once the watch shows them claimed or gone."""
+        with self._guard:
+            taken = [key for key in self._taken if key[0] == namespace]
+        for key in taken:
+            pod = self.pods.get(*key)
+            if pod is None or POOL_LABEL not in (pod["metadata"].get("labels") or {}):
+                with self._guard:
+                    self._taken.discard(key)
+
+    def _creating(self, pool: Obj) -> list[Obj]:
+        """Pods this controller made for the pool that the watch has not shown yet."""
+        namespace, uid = pool["metadata"]["namespace"], str(pool["metadata"]["uid"])
+        now = time.monotonic()
+        with self._guard:
+            made = dict(self._pool_creating.get(uid, {}))
+        waiting = {
+            name: (at, pod)
+            for name, (at, pod) in made.items()
+            if self.pods.get(namespace, name) is None and now - at <= POOL_CREATE_GRACE_SECONDS
+        }
+        with self._guard:
+            self._pool_creating[uid] = waiting
+        return [pod for _, pod in waiting.values()]
+
+    def _refill(self, pool: Obj, missing: int) -> None:
+        """Make up to `missing` pods, as many as the pool's refill rate allows now; the rest
+        on a later pass, when the rate allows them."""
+        meta = pool["metadata"]
+        uid, rate = str(meta["uid"]), pool_refill_per_second(pool)
+        now = time.monotonic()
+        burst = max(1.0, rate)
+        with self._guard:
+            tokens, counted = self._pool_tokens.get(uid, (burst, now))
+            tokens = min(burst, tokens + (now - counted) * rate)
+            allowed = min(missing, int(tokens))
+            self._pool_tokens[uid] = (tokens - allowed, now)
+        for _ in range(allowed):
+            name = pool_pod_name(str(meta["name"]), secrets.token_hex(5))
+            claim_sha256 = hashlib.sha256(self._claim_token(name).encode()).hexdigest()
+            body = pool_pod_for(pool, name=name, claim_sha256=claim_sha256, options=self.options.pod)
+            try:
+                pod = self.kube.create_pod(meta["namespace"], body)
+            except ApiException as exc:
+                if exc.status in {
+                    HTTPStatus.BAD_REQUEST,
+                    HTTPStatus.FORBIDDEN,
+                    HTTPStatus.UNPROCESSABLE_ENTITY,
+                }:
+                    log.warning(
+                        "pool %s/%s: its pod was refused: %s",
+                        meta["namespace"],
+                        meta["name"],
+                        error_message(exc),
+                    )
+                    return  # the resync tries again
+                raise
+            with self._guard:
+                self._pool_creating.setdefault(uid, {})[pod["metadata"]["name"]] = (time.monotonic(), pod)
+                self._pool_made.setdefault(uid, set()).add(pod["metadata"]["uid"])
+        if allowed < missing:
+            delay = (missing - allowed) / rate if allowed else 1.0 / rate
+            timer = threading.Timer(
+                min(delay, 1.0), self.request_pool_pass, (meta["namespace"], meta["name"])
+            )
+            timer.daemon = True
+            timer.start()
+
+    def _delete_pool_pod(self, pod: Obj) -> None:
+        # Only the version seen: a pod claimed meanwhile is the Sandbox's now, and stays.
+        meta = pod["metadata"]
+        self.kube.delete_pod(meta["namespace"], meta["name"], resource_version=meta.get("resourceVersion"))
+
+    def _write_pool_status(self, pool: Obj, counts: Obj) -> None:
+        meta = pool["metadata"]
+        uid = str(meta["uid"])
+        wanted = {**counts, "observedGeneration": meta.get("generation")}
+        with self._guard:
+            written = self._pool_written.get(uid)
+        current = written if written is not None else (pool.get("status") or {})
+        if _same_status(current, wanted):
+            return
+        try:
+            self.kube.patch_pool_status(meta["namespace"], meta["name"], wanted)
+        except ApiException as exc:
+            if exc.status != HTTPStatus.NOT_FOUND:
+                raise
+            return
+        with self._guard:
+            self._pool_written[uid] = wanted
+
+    def pool_event(self, event_type: str, pool: Obj) -> None:
+        """A SandboxPool as its watch delivered it."""
+        self.pools.apply(event_type, pool)
+        if event_type == "DELETED":
+            uid = str(pool["metadata"]["uid"])
+            with self._guard:
+                for held in (self._pool_creating, self._pool_tokens, self._pool_written, self._pool_made):
+                    held.pop(uid, None)
+
+    def _delete(self, pod: Obj) -> Obj | None:
+        """Delete this incarnation of the pod; the pod as it is now."""
+        meta = pod["metadata"]
+        if self.kube.delete_pod(meta["namespace"], meta["name"], uid=meta["uid"]):
+            return _deleting(pod)
+        return self.kube.read_pod(meta["namespace"], meta["name"])  # gone, or another incarnation
 
     def _create(self, sandbox: Obj) -> Obj | Observation:
         namespace = sandbox["metadata"]["namespace"]
@@ -317,7 +686,11 @@ class Reconciler:
         if not source or self.options.workspace is no_workspace:
             return None
         namespace = sandbox["metadata"]["namespace"]
-        for pod in self.kube.list_pods(namespace, f"{WORKSPACE_LABEL}={source}"):
+        if self.pods.synced(namespace):
+            pods = self.pods.select(namespace, {WORKSPACE_LABEL: str(source)})
+        else:
+            pods = self.kube.list_pods(namespace, f"{WORKSPACE_LABEL}={source}")
+        for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
             if node and not _terminating(pod):
                 return str(node)
@@ -333,32 +706,43 @@ class Reconciler:
         )
 
     def write_status(self, sandbox: Obj, seen: Observation) -> None:
-        current = sandbox.get("status") or {}
-        wanted = status_for(sandbox, seen)
+        meta = sandbox["metadata"]
+        uid = str(meta["uid"])
+        with self._guard:
+            written = self._written.get(uid)
+        # What this controller wrote last is the status now, even before the watch brings
+        # it back: no other writer touches these fields.
+        current = written if written is not None else (sandbox.get("status") or {})
+        wanted = status_for({**sandbox, "status": current}, seen)
         if _same_status(current, wanted):
             return
-        meta = sandbox["metadata"]
         try:
             self.kube.patch_sandbox_status(meta["namespace"], meta["name"], wanted)
         except ApiException as exc:
             if exc.status != HTTPStatus.NOT_FOUND:  # gone meanwhile: nothing to report on
                 raise
+            return
+        with self._guard:
+            self._written[uid] = wanted
 
     def finalize(self, namespace: str, name: str, uid: str, *, report: bool = True) -> bool:
         """Stop the Sandbox's pod; True once it is gone and the Sandbox may go too. With
         `report`, first write the Terminating status (once per wait is enough)."""
         with self._serialized(namespace, name):
-            sandbox = self.kube.read_sandbox(namespace, name) if report else None
+            sandbox = self._sandbox(namespace, name) if report else None
             if sandbox is not None and sandbox["metadata"]["uid"] == uid:
                 self.write_status(sandbox, observe(sandbox, None))
-            pod = self.kube.read_pod(namespace, pod_name(uid))
-            if pod is not None and controller_uid(pod) == uid:
+            pods = self._pods_of(namespace, uid)
+            for pod in pods:
                 if not _terminating(pod):
                     self.kube.delete_pod(namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
                     log.info("deleting %s/%s: deleted pod %s", namespace, name, pod["metadata"]["name"])
+            if pods:
                 return False
         with self._guard:
             self._locks.pop(f"{namespace}/{name}", None)
+            self._written.pop(uid, None)
+            self._claims.pop(uid, None)
         return True
 
     @contextmanager
@@ -372,17 +756,28 @@ class Reconciler:
             with self._guard:
                 self._finalizing.pop(uid, None)
 
+    def pod_deleted(self, pod: Mapping[str, Any]) -> bool:
+        """Wake the finalizer waiting for this pod, if one is; whether one was."""
+        with self._guard:
+            wake = self._finalizing.get(controller_uid(pod) or "")
+        if wake is not None:
+            wake()
+        return wake is not None
+
     def pod_changed(self, event_type: str, pod: Mapping[str, Any]) -> None:
         """A pod this controller made changed: bring its Sandbox's status up to date, make
         the pod again if it vanished, or delete it if its Sandbox is gone."""
         uid = controller_uid(pod)
+        if uid is None and (pool := pool_of(pod)) is not None:
+            self.request_pool_pass(str(pod["metadata"]["namespace"]), pool[0])
+            return
         with self._guard:
-            wake = self._finalizing.get(uid or "")
-        if wake is not None:
+            finalizing = (uid or "") in self._finalizing
+        if finalizing:
             # The Sandbox is being deleted and its finalizer owns the pod: reading the
             # Sandbox here would only find it terminating.
             if event_type == "DELETED":
-                wake()
+                self.pod_deleted(pod)
             return
         meta = pod.get("metadata") or {}
         owner = next(
@@ -397,16 +792,122 @@ class Reconciler:
             return
         namespace, name = str(meta["namespace"]), str(owner["name"])
         with self._serialized(namespace, name):
-            sandbox = self.kube.read_sandbox(namespace, name)
+            sandbox = self.sandboxes.get(namespace, name)
+            if sandbox is None or sandbox["metadata"]["uid"] != uid:
+                # Not in memory as this pod's owner: the Sandbox is gone, or its event is late
+                # (kopf's handlers then make its pass when it comes). A pod that is going
+                # needs nothing either way; one that stays may be an orphan, which only the
+                # server can tell, and a pod is deleted on nothing less. (Under load, a gone
+                # pod's event often comes after its Sandbox's: no GET for each of those.)
+                if event_type == "DELETED" or _terminating(pod):
+                    return
+                sandbox = self.kube.read_sandbox(namespace, name)
             if sandbox is None or sandbox["metadata"]["uid"] != uid:
                 # An orphan (its Sandbox went while no controller ran). The garbage collector
                 # would remove it too; doing it now keeps "no pod without a Sandbox" prompt.
-                if event_type != "DELETED" and not _terminating(pod):
-                    self.kube.delete_pod(namespace, str(meta["name"]), uid=str(meta["uid"]))
-                    log.info("deleted orphan pod %s/%s", namespace, meta["name"])
+                self.kube.delete_pod(namespace, str(meta["name"]), uid=str(meta["uid"]))
+                log.info("deleted orphan pod %s/%s", namespace, meta["name"])
                 return
             if not _terminating(sandbox):
                 self._pass(sandbox)
+
+
+class PodEvents:
+    """The pods this controller made and the SandboxPools, one informer each per namespace,
+    kept in the reconciler's stores; every change of a Sandbox's pod becomes a pass of that
+    Sandbox, every change of a pool or of one of its pods a pass of the pool, on pools of
+    threads, a burst of changes of one object a single pass."""
+
+    def __init__(self, reconciler: Reconciler, namespaces: Sequence[str]) -> None:
+        self.reconciler = reconciler
+        workers = reconciler.options.workers
+        self.queue: CoalescingQueue[tuple[str, str], tuple[str, Obj]] = CoalescingQueue(
+            workers, lambda item: reconciler.pod_changed(*item), "pod-event"
+        )
+        self.pool_queue: CoalescingQueue[tuple[str, str], tuple[str, str]] = CoalescingQueue(
+            max(1, workers // 4), lambda key: reconciler.reconcile_pool(*key), "pool"
+        )
+        reconciler.request_pool_pass = lambda namespace, name: self.pool_queue.put(
+            (namespace, name), (namespace, name)
+        )
+        self.namespaces = list(namespaces)
+        kube = reconciler.kube
+        retry = reconciler.options.retry_seconds
+        self.informers = [
+            Informer(
+                kube,
+                kube.pods_path(namespace),
+                query={"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"},
+                on_replace=functools.partial(self._replace, namespace),
+                on_event=self._event,
+                retry_seconds=retry,
+            )
+            for namespace in namespaces
+        ] + [
+            Informer(
+                kube,
+                kube.pools_path(namespace),
+                on_replace=functools.partial(self._replace_pools, namespace),
+                on_event=self._pool_event,
+                retry_seconds=retry,
+            )
+            for namespace in namespaces
+        ]
+
+    def _pool_event(self, event_type: str, pool: Obj) -> None:
+        self.reconciler.pool_event(event_type, pool)
+        meta = pool["metadata"]
+        self.reconciler.request_pool_pass(str(meta["namespace"]), str(meta["name"]))
+
+    def _replace_pools(self, namespace: str, pools: list[Obj]) -> None:
+        for gone in self.reconciler.pools.replace(namespace, pools):
+            self.reconciler.pool_event("DELETED", gone)
+        for pool in pools:
+            self.reconciler.pool_event("", pool)
+            self.reconciler.request_pool_pass(namespace, str(pool["metadata"]["name"]))
+
+    def _event(self, event_type: str, pod: Obj) -> None:
+        self.reconciler.pods.apply(event_type, pod)
+        if event_type == "DELETED":
+            self.reconciler.pod_deleted(pod)  # at once, not after the queue
+        self._queue(event_type, pod)
+
+    def _replace(self, namespace: str, pods: list[Obj]) -> None:
+        # A (re)list: pods deleted while no watch ran are gone now, and each listed one
+        # gets a pass, as after a start (an orphan, a pod of a stopped Sandbox).
+        for pod in self.reconciler.pods.replace(namespace, pods):
+            self.reconciler.pod_deleted(pod)
+            self._queue("DELETED", pod)
+        for pod in pods:
+            self._queue("", pod)
+
+    def _queue(self, event_type: str, pod: Obj) -> None:
+        meta = pod["metadata"]
+        self.queue.put((str(meta["namespace"]), str(meta["name"])), (event_type, pod))
+
+    def _resync_pools(self, stop: threading.Event) -> None:
+        # A safety net, as the Sandboxes' resync is: a pool pass that failed (the API server
+        # away) is tried again even when none of its pods changes.
+        while not stop.wait(self.reconciler.options.resync_seconds):
+            for namespace in self.namespaces:
+                for pool in self.reconciler.pools.select(namespace, {}):
+                    self.reconciler.request_pool_pass(namespace, str(pool["metadata"]["name"]))
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        stop = threading.Event()
+        threads = [informer.start(stop, "informer") for informer in self.informers]
+        resync = threading.Thread(target=self._resync_pools, args=(stop,), name="pool-resync", daemon=True)
+        resync.start()
+        threads.append(resync)
+        try:
+            yield
+        finally:
+            stop.set()
+            self.queue.shutdown()
+            self.pool_queue.shutdown()
+            for thread in threads:
+                thread.join(timeout=5)
 
 
 def connection_info(kube: Kube) -> kopf.ConnectionInfo:
@@ -554,9 +1055,11 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                 gone.clear()
                 poll = min(poll * 2, options.finalize_poll_max_seconds)
 
-    @kopf.on.event("v1", "pods", id="pod-event", registry=registry, labels={MANAGED_BY_LABEL: MANAGED_BY})
-    def pod_event(event: kopf.RawEvent, **_: Any) -> None:
-        reconciler.pod_changed(str(event.get("type") or ""), event["object"])
+    # Every Sandbox event, into the store the passes read. kopf runs watching handlers before
+    # the object's create/update/delete handlers, so those always find what they act on.
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="remember", registry=registry)
+    async def remember(event: kopf.RawEvent, **_: Any) -> None:
+        reconciler.sandbox_event(str(event.get("type") or ""), cast(Obj, event["object"]))
 
     return registry
 
@@ -574,13 +1077,14 @@ def run(
         raise ValueError("name at least one sandbox namespace to watch")
     options = options or ControllerOptions()
     reconciler = Reconciler(Kube.connect(kubeconfig), options)
-    kopf.run(
-        registry=build_registry(reconciler),
-        settings=settings_for(options),
-        standalone=True,
-        namespaces=list(namespaces),
-        liveness_endpoint=liveness_endpoint,
-    )
+    with PodEvents(reconciler, namespaces).running():
+        kopf.run(
+            registry=build_registry(reconciler),
+            settings=settings_for(options),
+            standalone=True,
+            namespaces=list(namespaces),
+            liveness_endpoint=liveness_endpoint,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

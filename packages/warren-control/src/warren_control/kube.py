@@ -14,7 +14,7 @@ from urllib.parse import quote
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from warren_control.podspec import GROUP, PLURAL, VERSION
+from warren_control.podspec import GROUP, PLURAL, POOL_PLURAL, VERSION
 
 Obj = dict[str, Any]
 
@@ -162,12 +162,16 @@ class Kube:
             query["dryRun"] = "All"
         return self.request("POST", self.pods_path(namespace), body=body, query=query)
 
-    def delete_pod(self, namespace: str, name: str, *, uid: str | None = None) -> bool:
+    def delete_pod(
+        self, namespace: str, name: str, *, uid: str | None = None, resource_version: str | None = None
+    ) -> bool:
         """Delete a pod (gracefully, by its own grace period); False if it was gone. With
-        a uid, only that incarnation is deleted: a newer pod of the same name survives."""
+        a uid, only that incarnation is deleted: a newer pod of the same name survives; with
+        a resourceVersion, only if nothing changed it since (a pool pod just claimed stays)."""
         options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
-        if uid:
-            options["preconditions"] = {"uid": uid}
+        preconditions = {"uid": uid, "resourceVersion": resource_version}
+        if preconditions := {k: v for k, v in preconditions.items() if v}:
+            options["preconditions"] = preconditions
         try:
             self.request("DELETE", self.pods_path(namespace, name), body=options)
         except ApiException as exc:
@@ -175,6 +179,17 @@ class Kube:
                 return False
             raise
         return True
+
+    def patch_pod(self, namespace: str, name: str, patch: Obj) -> Obj:
+        """A merge patch of a pod's metadata. With metadata.resourceVersion in the patch, the
+        server applies it only to that version (409 otherwise): how a claim stays exclusive."""
+        return self.request(
+            "PATCH",
+            self.pods_path(namespace, name),
+            body=patch,
+            query={"fieldManager": FIELD_MANAGER},
+            content_type="application/merge-patch+json",
+        )
 
     def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
         result = self.request("GET", self.pods_path(namespace), query={"labelSelector": label_selector})
@@ -221,12 +236,25 @@ class Kube:
         return items
 
     def patch_sandbox_status(self, namespace: str, name: str, status: Obj) -> Obj:
-        """A merge patch of the status subresource: only the fields given change, so what
-        other writers keep there (lastActivityTime) survives."""
+        return self._patch_status(self.sandboxes_path(namespace, name), status)
+
+    def _patch_status(self, path: str, status: Obj) -> Obj:
+        """A merge patch of an object's status subresource: only the fields given change, so
+        what other writers keep there (a Sandbox's lastActivityTime) survives."""
         return self.request(
             "PATCH",
-            self.sandboxes_path(namespace, name) + "/status",
+            path + "/status",
             body={"status": status},
             query={"fieldManager": FIELD_MANAGER},
             content_type="application/merge-patch+json",
         )
+
+    # SandboxPools
+
+    @staticmethod
+    def pools_path(namespace: str, name: str | None = None) -> str:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{POOL_PLURAL}"
+        return f"{path}/{quote(name)}" if name else path
+
+    def patch_pool_status(self, namespace: str, name: str, status: Obj) -> Obj:
+        return self._patch_status(self.pools_path(namespace, name), status)

@@ -15,18 +15,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from http import HTTPStatus
 
-import urllib3
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from warren_control.informer import Informer
 from warren_control.kube import ApiException, Kube, Obj
 from warren_control.models import Sandbox, SandboxPhase
 from warren_control.observation import converge, location_of, with_pod
-from warren_control.podspec import MANAGED_BY, MANAGED_BY_LABEL, controller_uid, pod_name
+from warren_control.podspec import MANAGED_BY, MANAGED_BY_LABEL, controller_uid, sandbox_pod_name
 
 log = logging.getLogger(__name__)
 
@@ -42,64 +41,6 @@ class MirrorOptions:
     # Records converged per transaction when many change at once.
     batch: int = 200
     retry_seconds: float = 2.0
-
-
-class Informer:
-    """One collection kept current in memory: list, then watch from there; relist when the
-    server says the version is too old. `on_replace` gets the whole collection after each
-    list, `on_event` each change."""
-
-    def __init__(
-        self,
-        kube: Kube,
-        path: str,
-        *,
-        query: dict[str, str] | None = None,
-        on_replace: Callable[[list[Obj]], None],
-        on_event: Callable[[str, Obj], None],
-        options: MirrorOptions,
-    ) -> None:
-        self.kube = kube
-        self.path = path
-        self.query = query or {}
-        self.on_replace = on_replace
-        self.on_event = on_event
-        self.options = options
-        self.synced = threading.Event()
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                items, version = self.kube.list_with_version(self.path, self.query)
-                self.on_replace(items)
-                self.synced.set()
-                while not stop.is_set():
-                    resumed = self._watch(version, stop)
-                    if resumed is None:
-                        break  # too old: relist
-                    version = resumed
-            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-                log.warning("watching %s failed, relisting: %s", self.path, exc)
-                stop.wait(self.options.retry_seconds)
-
-    def _watch(self, version: str, stop: threading.Event) -> str | None:
-        """Watch until the server ends it; the version to resume from, None to relist."""
-        for event in self.kube.watch(
-            self.path, version, query=self.query, timeout_s=self.options.watch_timeout_s
-        ):
-            kind = str(event.get("type") or "")
-            obj = event.get("object") or {}
-            if kind == "ERROR":
-                code = obj.get("code")
-                if code != HTTPStatus.GONE:
-                    log.warning("watch of %s: %s", self.path, obj.get("message"))
-                return None
-            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-            if kind != "BOOKMARK":
-                self.on_event(kind, obj)
-            if stop.is_set():
-                break
-        return version
 
 
 class Mirror:
@@ -127,7 +68,8 @@ class Mirror:
             kube.sandboxes_path(namespace),
             on_replace=self._replace_sandboxes,
             on_event=self._sandbox_event,
-            options=self.options,
+            watch_timeout_s=self.options.watch_timeout_s,
+            retry_seconds=self.options.retry_seconds,
         )
         self.pods = Informer(
             kube,
@@ -135,7 +77,8 @@ class Mirror:
             query={"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"},
             on_replace=self._replace_pods,
             on_event=self._pod_event,
-            options=self.options,
+            watch_timeout_s=self.options.watch_timeout_s,
+            retry_seconds=self.options.retry_seconds,
         )
 
     # ---- informer callbacks (informer threads)
@@ -193,7 +136,7 @@ class Mirror:
             if sandbox is None:
                 return None
             uid = str(sandbox["metadata"]["uid"])
-            pod = self._pods.get(pod_name(uid))
+            pod = self._pods.get(sandbox_pod_name(sandbox))
         if pod is not None and controller_uid(pod) != uid:
             return sandbox  # a pod of another incarnation: the controller reports on that
         return with_pod(sandbox, pod)
@@ -203,7 +146,7 @@ class Mirror:
         if obj is None:
             return None
         with self._lock:
-            pod = self._pods.get(pod_name(str(obj["metadata"]["uid"])))
+            pod = self._pods.get(sandbox_pod_name(obj))
         node = ((pod or {}).get("spec") or {}).get("nodeName")
         if not node:
             return None
@@ -258,11 +201,9 @@ class Mirror:
 
     def run(self, stop: threading.Event) -> None:
         threads = [
-            threading.Thread(target=informer.run, args=(stop,), name=f"mirror-{name}", daemon=True)
+            informer.start(stop, f"mirror-{name}")
             for name, informer in (("sandboxes", self.sandboxes), ("pods", self.pods))
         ]
-        for thread in threads:
-            thread.start()
         next_full = time.monotonic() + self.options.resync_seconds
         while not stop.is_set():
             if not (self.sandboxes.synced.is_set() and self.pods.synced.is_set()):

@@ -19,7 +19,7 @@ from warren_control import store
 from warren_control.controller import observe, status_for
 from warren_control.kube import Obj
 from warren_control.models import Sandbox, SandboxPhase, utcnow
-from warren_control.podspec import CONTAINER, pod_name
+from warren_control.podspec import CONTAINER, sandbox_pod_name
 
 # A record whose resource is missing this long after creation was never (or is no longer)
 # in the cluster: a crash between the two writes, or a resource deleted behind our back.
@@ -101,7 +101,7 @@ def converge(
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
     uid = str(meta.get("uid") or "")
-    names = (record.object_name, pod_name(uid) if uid else "", uid, namespace)
+    names = (record.object_name, sandbox_pod_name(obj) if uid else "", uid, namespace)
     conditions = [
         {
             "type": str(c.get("type", "")),

@@ -22,6 +22,8 @@ GROUP = "warren.dev"
 VERSION = "v1alpha1"
 PLURAL = "sandboxes"
 KIND = "Sandbox"
+POOL_PLURAL = "sandboxpools"
+POOL_KIND = "SandboxPool"
 
 # The floors key on the namespace label; the pod carries the same label so a selector
 # over pods (NetworkPolicy, kubectl) can say "sandbox pods" without knowing namespaces.
@@ -33,6 +35,12 @@ WORKSPACE_LABEL = "warren.dev/workspace"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "warren-control"
 SPEC_HASH_ANNOTATION = "warren.dev/spec-hash"
+# A pool's pods carry its name until one is claimed; a claimed pod says which pool it came
+# from. A pool pod is claimed once, by one Sandbox, and goes with it: never back to a pool.
+POOL_LABEL = "warren.dev/pool"
+CLAIMED_FROM_ANNOTATION = "warren.dev/claimed-from"
+POOL_POD_PREFIX = "pool-"
+DEFAULT_POOL_REFILL_PER_SECOND = 10
 # The controller's finalizer: it keeps a Sandbox until its pod has stopped. The API creates
 # Sandboxes with it already in place, which saves the controller a write per create.
 FINALIZER = "warren.dev/controller"
@@ -220,7 +228,7 @@ def pod_for(
         container["workingDir"] = WORKSPACE_MOUNT
     token_sha256 = spec.get("agentTokenSha256")
     if options.agent_image and token_sha256:
-        _add_agent(pod_spec, container, options, str(token_sha256))
+        _add_agent(pod_spec, container, options, ["-access-token-sha256", str(token_sha256)])
 
     return {
         "apiVersion": "v1",
@@ -233,6 +241,124 @@ def pod_for(
             "ownerReferences": [owner_reference(sandbox)],
         },
         "spec": pod_spec,
+    }
+
+
+def sandbox_pod_name(sandbox: Mapping[str, Any]) -> str:
+    """The name of the Sandbox's pod: the pool pod it claimed (its status says which), or
+    the one named for its uid."""
+    claimed = (sandbox.get("status") or {}).get("podName")
+    return str(claimed) if claimed else pod_name(str((sandbox.get("metadata") or {}).get("uid") or ""))
+
+
+def pool_hash(pool: Mapping[str, Any]) -> str:
+    """A digest of what a pool's pods are built from: a change replaces its unclaimed pods."""
+    spec = pool.get("spec") or {}
+    relevant = {key: spec.get(key) for key in ("image", "command", "resources")}
+    canonical = json.dumps(relevant, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def pool_size(pool: Mapping[str, Any]) -> int:
+    return max(0, int((pool.get("spec") or {}).get("size") or 0))
+
+
+def pool_refill_per_second(pool: Mapping[str, Any]) -> float:
+    rate = (pool.get("spec") or {}).get("refillPerSecond") or DEFAULT_POOL_REFILL_PER_SECOND
+    return max(0.1, float(rate))
+
+
+def pool_pod_for(
+    pool: Mapping[str, Any], *, name: str, claim_sha256: str, options: PodOptions = PodOptions()
+) -> Obj:
+    """A pod a SandboxPool keeps ready: built as a Sandbox's pod is from the pool's image,
+    command and size, so a Sandbox asking for the same gets exactly the pod it would have
+    been given; owned by the pool until a Sandbox claims it (claim_patch). Its agent (with
+    an agent image) starts unclaimed: the one POST /claim whose token has `claim_sha256`
+    as its SHA-256 gives it the claiming Sandbox's access token and environment."""
+    meta = pool.get("metadata") or {}
+    if not meta.get("name") or not meta.get("namespace") or not meta.get("uid"):
+        raise SandboxSpecError("the SandboxPool needs metadata.name, .namespace and .uid")
+    spec = pool.get("spec") or {}
+    container = _container({key: spec.get(key) for key in ("image", "command", "resources")}, options)
+    pod_spec = _pod_spec(container, options, None)
+    if options.agent_image:
+        _add_agent(pod_spec, container, options, ["-claim-token-sha256", claim_sha256])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": meta["namespace"],
+            "labels": {SANDBOX_LABEL: "true", MANAGED_BY_LABEL: MANAGED_BY, POOL_LABEL: meta["name"]},
+            "annotations": {SPEC_HASH_ANNOTATION: pool_hash(pool)},
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": POOL_KIND,
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": pod_spec,
+    }
+
+
+def pool_pod_name(pool: str, suffix: str) -> str:
+    """A pool pod's name: the pool's (cut short) and a random suffix."""
+    return f"{POOL_POD_PREFIX}{pool[:40]}-{suffix}"
+
+
+def pool_misfit(sandbox: Mapping[str, Any], pool: Mapping[str, Any], options: PodOptions) -> str | None:
+    """Why the Sandbox cannot take a pod of this pool, or None if its own pod would be the
+    same pod. A pool pod has no workspace: a Sandbox with one starts cold. Its agent takes
+    the Sandbox's token and environment at the claim (for the processes it starts); without
+    an agent, the environment is the container's, so it must match."""
+    spec = sandbox.get("spec") or {}
+    name = (pool.get("metadata") or {}).get("name")
+    if (spec.get("workspace") or {}).get("id"):
+        return f"pool {name}'s pods have no workspace and this sandbox has one"
+    if options.agent_image:
+        spec = {key: value for key, value in spec.items() if key != "env"}
+    pool_spec = pool.get("spec") or {}
+    try:
+        wanted = _container(spec, options)
+        offered = _container({key: pool_spec.get(key) for key in ("image", "command", "resources")}, options)
+    except SandboxSpecError as exc:
+        return str(exc)
+    for key, label in (("image", "image"), ("command", "command"), ("env", "env")):
+        if wanted.get(key) != offered.get(key):
+            return f"this sandbox's {label} differs from pool {name}'s"
+    if _amounts(wanted["resources"]) != _amounts(offered["resources"]):
+        return f"this sandbox's size differs from pool {name}'s"
+    return None
+
+
+def _amounts(resources: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, object]]:
+    """Requests and limits as numbers: 1 and 1000m are one size."""
+    return {
+        kind: {k: parse_quantity(v) for k, v in amounts.items()}  # type: ignore[no-untyped-call]
+        for kind, amounts in resources.items()
+    }
+
+
+def claim_patch(sandbox: Mapping[str, Any], pod: Mapping[str, Any], pool: str) -> Obj:
+    """The merge patch that hands a ready pool pod to a Sandbox: the Sandbox's labels and
+    owner, the pool's label gone. Applied only to the version of the pod that was chosen
+    (its resourceVersion in the patch), so two claims of one pod cannot both succeed."""
+    labels: dict[str, str | None] = dict(labels_for(sandbox))
+    labels[POOL_LABEL] = None  # a merge patch's null removes it
+    return {
+        "metadata": {
+            "resourceVersion": pod["metadata"]["resourceVersion"],
+            "labels": labels,
+            "annotations": {SPEC_HASH_ANNOTATION: spec_hash(sandbox), CLAIMED_FROM_ANNOTATION: pool},
+            # A list is replaced whole by a merge patch: the pool's reference goes.
+            "ownerReferences": [owner_reference(sandbox)],
+        }
     }
 
 
@@ -312,8 +438,9 @@ def _pod_spec(container: Obj, options: PodOptions, node: str | None) -> Obj:
     return pod_spec
 
 
-def _add_agent(pod_spec: Obj, container: Obj, options: PodOptions, token_sha256: str) -> None:
-    """The agent, delivered into the sandbox's container (see AGENT_CONTAINER)."""
+def _add_agent(pod_spec: Obj, container: Obj, options: PodOptions, auth: list[str]) -> None:
+    """The agent, delivered into the sandbox's container (see AGENT_CONTAINER), with the
+    arguments that say how it knows its caller (`auth`)."""
     pod_spec.setdefault("volumes", []).append(
         # In memory and small: it holds one static binary, and nothing of it outlives the pod.
         {"name": AGENT_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}
@@ -338,7 +465,7 @@ def _add_agent(pod_spec: Obj, container: Obj, options: PodOptions, token_sha256:
     )
     # -detach returns once the agent answers, so the container counts as started only with
     # its agent up (a failure restarts the container, and says why in its events).
-    start = [f"{AGENT_DIR}/agent", "-detach", "-port", str(AGENT_PORT), "-access-token-sha256", token_sha256]
+    start = [f"{AGENT_DIR}/agent", "-detach", "-port", str(AGENT_PORT), *auth]
     container["lifecycle"] = {"postStart": {"exec": {"command": start}}}
 
 
@@ -357,6 +484,18 @@ def blockd_volume(sandbox: Mapping[str, Any]) -> Obj | None:
     if workspace.get("forkOf"):
         attributes["forkOf"] = str(workspace["forkOf"])
     return {"csi": {"driver": BLOCKD_DRIVER, "volumeAttributes": attributes}}
+
+
+def pool_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the SandboxPool that owns this unclaimed pod, or None."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if (
+            ref.get("controller")
+            and ref.get("kind") == POOL_KIND
+            and ref.get("apiVersion", "").startswith(GROUP + "/")
+        ):
+            return str(ref.get("name")), str(ref.get("uid"))
+    return None
 
 
 def controller_uid(pod: Mapping[str, Any]) -> str | None:

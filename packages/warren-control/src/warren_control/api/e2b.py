@@ -47,7 +47,7 @@ from warren_control.api.shapes import CreateSandboxRequest, WorkspaceRequest
 from warren_control.identity import Identity
 from warren_control.models import Sandbox, SandboxPhase, Snapshot, utcnow
 from warren_control.observation import scrub
-from warren_control.podspec import pod_name
+from warren_control.podspec import sandbox_pod_name
 from warren_control.templates import Template
 from warren_control.workspaces import WorkspaceStoreError
 
@@ -352,7 +352,7 @@ def running(api: ApiService, who: Identity, sandbox_id: str) -> dict[str, Any]:
         )
         reason = ready.get("reason") or status.get("phase") or "Pending"
         uid = str(meta.get("uid") or "-")
-        names = (str(meta.get("name") or "-"), api.settings.namespace, pod_name(uid), uid)
+        names = (str(meta.get("name") or "-"), api.settings.namespace, sandbox_pod_name(obj), uid)
         why = scrub(f"{reason}: {ready.get('message') or 'starting'}", *names)
         if status.get("phase") == SandboxPhase.FAILED.value or ready.get("reason") in CANNOT_START:
             raise ApiError(500, "cannot_start", f"sandbox {e2b_id(answer['id'])} cannot start: {why}")

@@ -32,7 +32,7 @@ from warren_control.models import (
 from warren_control.observation import converge, scrub
 from warren_control.podspec import (
     AGENT_CONTAINER,
-    pod_name,
+    sandbox_pod_name,
 )
 from warren_control.templates import Template
 from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore
@@ -301,7 +301,7 @@ class ApiService:
         uid = str(meta.get("uid") or "")
         if obj is None or not uid or meta.get("deletionTimestamp") or (obj.get("spec") or {}).get("stopped"):
             raise ApiError(409, "not_running", "the sandbox is not running (stopped, or being deleted)")
-        name = pod_name(uid)
+        name = sandbox_pod_name(obj)
         pod = self.cluster.read_pod(name)
         running = (
             pod is not None

@@ -1,0 +1,102 @@
+"""The stores and the queue the controller's passes read from: a store keeps each object as
+the last event left it and forgets only the incarnation that was deleted; a relist says what
+is gone; a burst of work for one key runs once, with the latest item."""
+
+from __future__ import annotations
+
+import threading
+
+from warren_common.testing import wait_for
+from warren_control.informer import CoalescingQueue, Store
+from warren_control.kube import Obj
+
+
+def pod(name: str, uid: str, namespace: str = "ns", **labels: str) -> Obj:
+    return {"metadata": {"name": name, "namespace": namespace, "uid": uid, "labels": labels}}
+
+
+def test_a_deleted_event_of_an_older_incarnation_keeps_the_newer() -> None:
+    store = Store()
+    store.apply("ADDED", pod("p", "new"))
+    store.apply("DELETED", pod("p", "old"))
+    assert store.get("ns", "p") == pod("p", "new")
+    store.apply("DELETED", pod("p", "new"))
+    assert store.get("ns", "p") is None
+
+
+def test_a_relist_replaces_one_namespace_and_names_what_is_gone() -> None:
+    store = Store()
+    assert not store.synced("ns")
+    store.apply("ADDED", pod("kept", "1"))
+    store.apply("ADDED", pod("gone", "2"))
+    store.apply("ADDED", pod("other", "3", namespace="elsewhere"))
+    gone = store.replace("ns", [pod("kept", "1"), pod("new", "4")])
+    assert gone == [pod("gone", "2")]
+    assert store.synced("ns") and not store.synced("elsewhere")
+    assert {p["metadata"]["name"] for p in store.select("ns", {})} == {"kept", "new"}
+    assert store.get("elsewhere", "other") is not None
+
+
+def test_select_matches_every_label() -> None:
+    store = Store()
+    store.replace("ns", [pod("a", "1", ws="w1", x="y"), pod("b", "2", ws="w2"), pod("c", "3")])
+    assert [p["metadata"]["name"] for p in store.select("ns", {"ws": "w1"})] == ["a"]
+    assert store.select("ns", {"ws": "w1", "x": "z"}) == []
+
+
+def test_a_key_put_again_before_its_run_runs_once_with_the_latest_item() -> None:
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def work(item: str) -> None:
+        if item == "block":
+            started.set()
+            release.wait(10)
+        ran.append(item)
+
+    queue: CoalescingQueue[str, str] = CoalescingQueue(1, work, "test")
+    queue.put("blocker", "block")
+    started.wait(10)
+    for n in range(5):  # the one worker is busy: these wait, and fold into one
+        queue.put("k", f"v{n}")
+    release.set()
+    wait_for(lambda: len(ran) == 2, 10, "both runs")
+    queue.shutdown()
+    assert ran == ["block", "v4"]
+
+
+def test_a_failing_run_does_not_stop_the_queue() -> None:
+    ran: list[str] = []
+
+    def work(item: str) -> None:
+        if item == "bad":
+            raise RuntimeError("the API server is away")
+        ran.append(item)
+
+    queue: CoalescingQueue[str, str] = CoalescingQueue(1, work, "test")
+    queue.put("a", "bad")
+    queue.put("b", "good")
+    wait_for(lambda: ran == ["good"], 10, "the next item")
+    queue.shutdown()
+
+
+def test_the_index_follows_label_changes_and_deletes() -> None:
+    store = Store(index="owner")
+    store.apply("ADDED", pod("a", "1", owner="x"))
+    store.apply("ADDED", pod("b", "2", owner="x"))
+    assert {o["metadata"]["name"] for o in store.indexed("ns", "x")} == {"a", "b"}
+    store.apply("MODIFIED", pod("a", "1", owner="y"))  # relabelled: moves
+    assert [o["metadata"]["name"] for o in store.indexed("ns", "y")] == ["a"]
+    assert [o["metadata"]["name"] for o in store.indexed("ns", "x")] == ["b"]
+    store.apply("DELETED", pod("b", "2", owner="x"))
+    assert store.indexed("ns", "x") == []
+    store.replace("ns", [pod("c", "3", owner="y")])
+    assert [o["metadata"]["name"] for o in store.indexed("ns", "y")] == ["c"]
+
+
+def test_a_put_after_shutdown_is_ignored() -> None:
+    done: list[int] = []
+    queue: CoalescingQueue[str, int] = CoalescingQueue(1, done.append, "test")
+    queue.shutdown()
+    queue.put("late", 1)  # a watch still delivering while the controller stops
+    assert done == []

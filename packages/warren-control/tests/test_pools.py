@@ -1,0 +1,304 @@
+"""Warm pools against the in-memory API server of test_controller.py: a SandboxPool keeps its
+size of ready pods; a Sandbox that names it claims one (exclusively: the server applies a
+claim only to the version chosen), or starts cold and says why. The scale tier
+(test_pools_kwok.py) runs the same against a real API server under concurrent creates."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+import pytest
+from test_controller import NS, FakeKube, remember_all, run
+from warren_control import agentclient
+from warren_control.controller import ControllerOptions, Reconciler
+from warren_control.kube import Obj
+from warren_control.podspec import (
+    CLAIMED_FROM_ANNOTATION,
+    POOL_LABEL,
+    SANDBOX_UID_LABEL,
+    PodOptions,
+    controller_uid,
+    pod_name,
+    pool_of,
+)
+
+
+def fresh(options: ControllerOptions | None = None) -> tuple[FakeKube, Reconciler]:
+    """An in-memory API server and a controller on it."""
+    kube = FakeKube()
+    return kube, Reconciler(kube, options)
+
+
+def started(status: Obj) -> tuple[str, str, str]:
+    """How the Sandbox's pod started, from its PoolClaimed condition: (pool or cold, reason,
+    message)."""
+    (condition,) = [c for c in status["conditions"] if c["type"] == "PoolClaimed"]
+    return ("pool" if condition["status"] == "True" else "cold"), condition["reason"], condition["message"]
+
+
+def add_pool(kube: FakeKube, reconciler: Reconciler, name: str = "base", **spec: Any) -> Obj:
+    pool = {
+        "apiVersion": "warren.dev/v1alpha1",
+        "kind": "SandboxPool",
+        "metadata": {"name": name, "namespace": NS, "uid": kube._uid(), "generation": 1},
+        "spec": {"image": "busybox", "size": 3, "refillPerSecond": 100, **spec},
+    }
+    reconciler.pool_event("ADDED", pool)
+    return pool
+
+
+def fill(kube: FakeKube, reconciler: Reconciler, name: str = "base") -> list[Obj]:
+    """A pool pass, its pods started and seen by the watch: the pool's pods."""
+    reconciler.reconcile_pool(NS, name)
+    for pod in kube.pods.values():
+        if pool_of(pod) and "deletionTimestamp" not in pod["metadata"]:
+            run(pod)
+    remember_all(reconciler, kube)
+    return [p for p in kube.pods.values() if (p["metadata"].get("labels") or {}).get(POOL_LABEL) == name]
+
+
+def test_a_pool_keeps_its_size_of_ready_pods() -> None:
+    kube, reconciler = fresh()
+    pool = add_pool(kube, reconciler)
+    pods = fill(kube, reconciler)
+    assert len(pods) == 3
+    for pod in pods:
+        assert pool_of(pod) == ("base", pool["metadata"]["uid"])
+        assert controller_uid(pod) is None
+        assert pod["spec"]["runtimeClassName"] == "gvisor"
+        assert pod["spec"]["containers"][0]["image"] == "busybox"
+    reconciler.reconcile_pool(NS, "base")  # nothing missing: nothing made
+    assert kube.creates == 3
+    assert kube.pool_status["base"] == {"size": 3, "ready": 3, "starting": 0, "observedGeneration": 1}
+
+
+def test_pods_made_but_not_yet_watched_count_as_the_pools() -> None:
+    kube, reconciler = fresh()
+    add_pool(kube, reconciler)
+    reconciler.reconcile_pool(NS, "base")
+    reconciler.reconcile_pool(NS, "base")  # the watch has shown none of the three yet
+    assert kube.creates == 3
+
+
+def test_a_pool_refills_no_faster_than_its_rate() -> None:
+    kube, reconciler = fresh()
+    add_pool(kube, reconciler, size=10, refillPerSecond=2)
+    reconciler.reconcile_pool(NS, "base")
+    assert kube.creates == 2  # a burst of one second's worth; a timer asks for the rest
+
+
+def test_a_sandbox_naming_the_pool_claims_a_ready_pod() -> None:
+    kube, reconciler = fresh()
+    add_pool(kube, reconciler)
+    fill(kube, reconciler)
+    sbx = kube.add_sandbox("a", pool="base")
+    remember_all(reconciler, kube)
+    creates, writes = kube.creates, kube.status_patches
+    seen = reconciler.reconcile(NS, "a")
+    assert seen is not None and seen.phase == "Running"
+    uid = sbx["metadata"]["uid"]
+    (pod,) = [p for p in kube.pods.values() if controller_uid(p) == uid]
+    assert pod["metadata"]["labels"][SANDBOX_UID_LABEL] == uid
+    assert POOL_LABEL not in pod["metadata"]["labels"]
+    assert pod["metadata"]["annotations"][CLAIMED_FROM_ANNOTATION] == "base"
+    assert pool_of(pod) is None
+    status = kube.status("a")
+    assert status["podName"] == pod["metadata"]["name"]
+    assert started(status)[:2] == ("pool", "Claimed") and "pool base" in started(status)[2]
+    # No pod made for it; one claim and one status write.
+    assert kube.creates == creates
+    assert kube.pod_patches == 1 and kube.status_patches == writes + 1
+    # The pool makes another; a second pass of the Sandbox keeps its claimed pod.
+    fill(kube, reconciler)
+    reconciler.reconcile(NS, "a")
+    assert [p["metadata"]["name"] for p in kube.pods.values() if controller_uid(p) == uid] == [
+        pod["metadata"]["name"]
+    ]
+    assert len([p for p in kube.pods.values() if pool_of(p)]) == 3
+
+
+def test_a_pod_claimed_meanwhile_is_passed_over() -> None:
+    kube, reconciler = fresh()
+    add_pool(kube, reconciler, size=2)
+    first, second = sorted(fill(kube, reconciler), key=lambda pod: pod["metadata"]["name"])
+    # Another controller claimed the first pod after our watch showed it: its version moved.
+    kube.patch_pod(NS, first["metadata"]["name"], {"metadata": {"labels": {"elsewhere": "yes"}}})
+    sbx = kube.add_sandbox("a", pool="base")
+    remember_all(reconciler, kube)
+    stale = copy.deepcopy(first)
+    stale["metadata"]["resourceVersion"] = "0"
+    reconciler.pods.apply("MODIFIED", stale)
+    reconciler.reconcile(NS, "a")
+    uid = sbx["metadata"]["uid"]
+    claimed = [p["metadata"]["name"] for p in kube.pods.values() if controller_uid(p) == uid]
+    assert claimed == [second["metadata"]["name"]]
+    assert started(kube.status("a"))[0] == "pool"
+    # The pod passed over is still the pool's, and may be claimed once the watch catches up.
+    assert pool_of(kube.pods[first["metadata"]["name"]]) is not None
+    assert (NS, first["metadata"]["name"]) not in reconciler._taken
+
+
+def test_a_pod_that_only_looks_like_the_pools_is_deleted_never_claimed() -> None:
+    kube, reconciler = fresh()
+    pool = add_pool(kube, reconciler, size=1)
+    fill(kube, reconciler)
+    # Made by someone else who may create pods here, with the pool's labels and owner.
+    forged = copy.deepcopy(next(iter(kube.pods.values())))
+    forged["metadata"] = {k: forged["metadata"][k] for k in ("labels", "annotations", "ownerReferences")}
+    forged["metadata"]["name"] = "forged"
+    forged["spec"]["containers"][0]["image"] = "attacker/image"
+    made = kube.create_pod(NS, forged)
+    run(kube.pods["forged"])
+    assert pool_of(made) == ("base", pool["metadata"]["uid"])
+    (ours,) = [name for name in kube.pods if name != "forged"]
+    kube.pods[ours]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # ours is going
+    remember_all(reconciler, kube)
+    reconciler.reconcile_pool(NS, "base")
+    assert "deletionTimestamp" in kube.pods["forged"]["metadata"]
+    kube.add_sandbox("a", pool="base")
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    assert controller_uid(kube.pods["forged"]) is None
+    assert started(kube.status("a"))[1] == "PoolEmpty"
+
+
+def test_an_empty_pool_means_a_cold_start_that_says_so() -> None:
+    kube, reconciler = fresh()
+    add_pool(kube, reconciler, size=1)
+    fill(kube, reconciler)
+    kube.add_sandbox("a", pool="base")
+    kube.add_sandbox("b", pool="base")
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    reconciler.reconcile(NS, "b")  # the one pod is a's, even before the watch shows it
+    assert started(kube.status("a"))[0] == "pool"
+    assert started(kube.status("b"))[:2] == ("cold", "PoolEmpty")
+    pods = {controller_uid(p) for p in kube.pods.values() if controller_uid(p)}
+    assert len(pods) == 2  # each its own pod
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ({"pool": "none"}, "PoolNotFound"),
+        ({"pool": "base", "image": "alpine"}, "PoolMismatch"),
+        ({"pool": "base", "resources": {"cpu": "2"}}, "PoolMismatch"),
+        ({"pool": "base", "resources": {"cpu": "1000m", "memory": "1Gi"}}, "Claimed"),
+        ({"pool": "base", "workspace": {"id": "w1"}}, "PoolMismatch"),
+        ({}, "NoPool"),
+    ],
+)
+def test_a_sandbox_the_pool_cannot_take_starts_cold_with_the_reason_and_equal_sizes_fit(
+    spec: Obj, reason: str
+) -> None:
+    kube, reconciler = fresh()
+    add_pool(kube, reconciler)
+    fill(kube, reconciler)
+    kube.add_sandbox("a", **spec)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    path, found, _ = started(kube.status("a"))
+    assert found == reason
+    assert kube.pod_patches == (1 if path == "pool" else 0)
+
+
+def test_deleting_a_sandbox_deletes_its_claimed_pod_and_no_pool_pod() -> None:
+    kube, reconciler = fresh()
+    add_pool(kube, reconciler, size=2)
+    fill(kube, reconciler)
+    sbx = kube.add_sandbox("a", pool="base")
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    uid = sbx["metadata"]["uid"]
+    remember_all(reconciler, kube)
+    assert reconciler.finalize(NS, "a", uid) is False
+    going = [p for p in kube.pods.values() if "deletionTimestamp" in p["metadata"]]
+    assert [controller_uid(p) for p in going] == [uid]
+    kube.finish_deletions()
+    remember_all(reconciler, kube)
+    assert reconciler.finalize(NS, "a", uid) is True
+
+
+def test_a_changed_pool_replaces_only_its_unclaimed_pods() -> None:
+    kube, reconciler = fresh()
+    pool = add_pool(kube, reconciler, size=2)
+    fill(kube, reconciler)
+    sbx = kube.add_sandbox("a", pool="base")
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    remember_all(reconciler, kube)
+    changed = copy.deepcopy(pool)
+    changed["spec"]["image"] = "alpine"
+    changed["metadata"]["generation"] = 2
+    reconciler.pool_event("MODIFIED", changed)
+    reconciler.reconcile_pool(NS, "base")
+    claimed = [p for p in kube.pods.values() if controller_uid(p) == sbx["metadata"]["uid"]]
+    assert "deletionTimestamp" not in claimed[0]["metadata"]
+    stale = [p for p in kube.pods.values() if pool_of(p) and p["spec"]["containers"][0]["image"] == "busybox"]
+    assert stale and all("deletionTimestamp" in p["metadata"] for p in stale)
+    replacements = [
+        p for p in kube.pods.values() if pool_of(p) and p["spec"]["containers"][0]["image"] == "alpine"
+    ]
+    assert len(replacements) == 2
+
+
+# With the agent: the claim gives the pod's agent the Sandbox's token and environment. The
+# agent's side (one claim, then only that token) is proven against the real agent in
+# agent/tests; here agentclient.claim is replaced to see what the controller sends, and to
+# make the agent refuse, which a real one does only after a claim the test cannot undo.
+
+AGENTED = PodOptions(agent_image="warren.dev/agent:test")
+
+
+@pytest.fixture
+def claims(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str, dict[str, str]]]:
+    sent: list[tuple[str, str, str, dict[str, str]]] = []
+    monkeypatch.setattr(agentclient, "claim", lambda *args: sent.append(args))
+    return sent
+
+
+def test_a_claim_gives_the_agent_the_sandboxs_token_and_env(
+    claims: list[tuple[str, str, str, dict[str, str]]],
+) -> None:
+    kube, reconciler = fresh(ControllerOptions(pod=AGENTED))
+    add_pool(kube, reconciler, size=1)
+    (pod,) = fill(kube, reconciler)
+    pod["status"]["podIP"] = "10.0.0.7"
+    start = pod["spec"]["containers"][0]["lifecycle"]["postStart"]["exec"]["command"]
+    claim_sha256 = start[start.index("-claim-token-sha256") + 1]
+    assert "-access-token-sha256" not in start
+    token_sha256 = hashlib.sha256(b"the sandbox's token").hexdigest()
+    kube.add_sandbox("a", pool="base", agentTokenSha256=token_sha256, env={"GREETING": "hi"})
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    ((address, claim_token, sent_sha256, env),) = claims
+    assert address == "10.0.0.7"
+    assert hashlib.sha256(claim_token.encode()).hexdigest() == claim_sha256  # only the maker knows it
+    assert (sent_sha256, env) == (token_sha256, {"GREETING": "hi"})
+    assert started(kube.status("a"))[0] == "pool"
+
+
+def test_an_agent_that_refuses_the_claim_costs_its_pod_and_the_sandbox_starts_cold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(*_: object) -> None:
+        raise agentclient.AgentRefused(409, "this agent is claimed already")
+
+    monkeypatch.setattr(agentclient, "claim", refuse)
+    kube, reconciler = fresh(ControllerOptions(pod=AGENTED))
+    add_pool(kube, reconciler, size=1)
+    (pod,) = fill(kube, reconciler)
+    pod["status"]["podIP"] = "10.0.0.7"
+    sbx = kube.add_sandbox("a", pool="base", agentTokenSha256="0" * 64)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    assert "deletionTimestamp" in kube.pods[pod["metadata"]["name"]]["metadata"]
+    path, reason, message = started(kube.status("a"))
+    assert (path, reason) == ("cold", "ClaimFailed")
+    assert "claimed already" in message
+    assert (
+        kube.pods[pod_name(sbx["metadata"]["uid"])]["metadata"]["labels"][SANDBOX_UID_LABEL]
+        == sbx["metadata"]["uid"]
+    )
