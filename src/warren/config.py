@@ -65,6 +65,9 @@ class NodeConfig(_Model):
     # OCI runtime for pods that are not sandboxes (runc.v2 shim). crun refuses hosts with
     # hybrid cgroups (v1 controllers beside a v2 mount); runc handles them.
     oci_runtime: Literal["runc", "crun"] = "runc"
+    # Pods the kubelet admits. Its own default, 110, is what caps a node at about 100 idle
+    # sandboxes; each pod takes one address of the node's pod range (checked against it).
+    max_pods: Annotated[int, Field(ge=10, le=1000)] = 250
 
     @field_validator("name")
     @classmethod
@@ -166,6 +169,17 @@ class ClusterConfig(_Model):
     control_plane: ControlPlaneConfig = Field(default_factory=ControlPlaneConfig)
     workspaces: WorkspacesConfig = Field(default_factory=WorkspacesConfig)
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
+
+    @model_validator(mode="after")
+    def _pods_fit_the_range(self) -> ClusterConfig:
+        # The node's range less its network, broadcast and bridge (gateway) addresses.
+        addresses = ipaddress.ip_network(self.node_pod_cidr).num_addresses - 3
+        if self.node.max_pods > addresses:
+            raise ValueError(
+                f"node.max_pods {self.node.max_pods} does not fit the node's pod range "
+                f"{self.node_pod_cidr} ({addresses} addresses): lower it, or widen cluster.pod_cidr"
+            )
+        return self
 
     @property
     def sandbox_workspaces(self) -> bool:

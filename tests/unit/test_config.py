@@ -84,3 +84,11 @@ def test_bad_workspace_settings_are_refused_before_anything_starts() -> None:
         parse_config({"cluster": {"workspaces": {"bucket": "No_Such"}}})
     with pytest.raises(ConfigError, match="base_port"):
         parse_config({"cluster": {"workspaces": {"base_port": 80}}})
+
+
+def test_max_pods_must_fit_the_nodes_pod_range() -> None:
+    assert parse_config({"cluster": {"node": {"max_pods": 253}}}).cluster.node.max_pods == 253
+    with pytest.raises(ConfigError, match=r"max_pods 254 does not fit .* 10\.244\.0\.0/24 \(253 addresses\)"):
+        parse_config({"cluster": {"node": {"max_pods": 254}}})
+    with pytest.raises(ConfigError, match=r"widen cluster\.pod_cidr"):
+        parse_config({"cluster": {"pod_cidr": "10.244.0.0/25", "node": {"max_pods": 200}}})

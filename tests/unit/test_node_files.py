@@ -1,7 +1,10 @@
 from pathlib import Path
 
+import yaml
+
 from warren.config import parse_config
-from warren.node.files import write_keeping_block
+from warren.node.files import render, write_keeping_block
+from warren.node.layout import NodeLayout
 
 BEGIN, END = "# BEGIN block", "# END block"
 
@@ -24,3 +27,18 @@ def test_node_defaults_and_pod_range() -> None:
     assert config.cluster.node_pod_cidr == "10.50.0.0/24"
     assert config.cluster.dns_ip == "10.60.0.10"
     assert config.cluster.node.oci_runtime == "runc"
+
+
+def test_the_kubelet_admits_the_configured_pods() -> None:
+    config = parse_config({"cluster": {"node": {"max_pods": 240}}}).cluster
+    text = render(
+        "kubelet-config.yaml.j2",
+        node=config.node,
+        cluster=config,
+        layout=NodeLayout(Path("/n")),
+        node_ip="10.0.0.2",
+        ca="ca.crt",
+        serving_cert="s.crt",
+        serving_key="s.key",
+    )
+    assert yaml.safe_load(text)["maxPods"] == 240
