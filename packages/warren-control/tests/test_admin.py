@@ -197,3 +197,41 @@ def test_bootstrap_from_the_command_line_says_whether_it_acted(
             "created": False,
         }
     assert key_file.read_text().strip() == token
+
+
+def test_an_organizations_reservation_reaches_its_new_sandboxes_pods(
+    records_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """set-reservation changes what the organization's next sandboxes reserve: the record
+    carries the share, and the Sandbox object the API writes passes it to the controller."""
+    from warren_control.api.cluster import resource_for
+
+    upgrade(records_url)
+    org_id = run(capsys, records_url, "create-org", "dense")[1].strip()
+    code, out, err = run(capsys, records_url, "set-reservation", "dense", "--cpu-percent", "2")
+    assert (code, out.strip()) == (0, org_id)
+    assert "cpu 2%, memory the default" in err
+    code, _, err = run(capsys, records_url, "set-reservation", "dense", "--memory-percent", "101")
+    assert (code, err.strip()) == (
+        1,
+        "error: the memory reservation is 101%: give a percentage from 1 to 100",
+    )
+
+    sessions = session_factory(make_engine(records_url))
+    spec = {
+        "image": "busybox",
+        "cpu_millis": 1000,
+        "memory_mib": 1024,
+        "idle_timeout_s": 60,
+        "max_lifetime_s": 600,
+    }
+    with sessions.begin() as session:
+        user = store.create_user(session, org_id, "dana")
+        record = store.create_sandbox(session, org_id, user.id, spec)
+        # A fork copies its parent's spec: the organization's share at the fork wins.
+        admin.set_reservation(session, org_id, cpu_percent=None, memory_percent=None)
+        child = store.create_sandbox(session, org_id, user.id, dict(record.spec))
+    assert record.spec["reservation"] == {"cpu_percent": 2}
+    assert resource_for(record, "ns", b"k" * 32)["spec"]["reservation"] == {"cpuPercent": 2}
+    assert "reservation" not in child.spec
+    assert "reservation" not in resource_for(child, "ns", b"k" * 32)["spec"]

@@ -165,6 +165,19 @@ def test_a_share_of_what_is_not_a_quantity_is_refused_by_name() -> None:
         PodOptions(memory_request_percent=0)
 
 
+def test_an_organizations_reservation_overrides_the_deployments_share() -> None:
+    options = PodOptions(cpu_request_percent=1, memory_request_percent=10)
+    size = {"cpu": "1", "memory": "1Gi"}
+    mine = sandbox(resources=size, reservation={"cpuPercent": 50})
+    resources = pod_for(mine, options=options)["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == {"cpu": "500m", "memory": "103Mi"}  # memory: the default
+    assert spec_hash(mine) != spec_hash(sandbox(resources=size))  # a new share is a new pod
+    assert spec_hash(sandbox(resources=size, reservation={})) == spec_hash(sandbox(resources=size))
+    for bad in (0, 101, "50", True):
+        with pytest.raises(SandboxSpecError, match=r"spec\.reservation\.memoryPercent is .*from 1 to 100"):
+            pod_for(sandbox(reservation={"memoryPercent": bad}), options=options)
+
+
 def test_options_set_runtime_class_pull_policy_and_defaults() -> None:
     options = PodOptions(
         runtime_class="gvisor-kvm", image_pull_policy="Never", default_cpu="500m", default_memory="256Mi"

@@ -187,6 +187,7 @@ def test_an_empty_pool_means_a_cold_start_that_says_so() -> None:
         ({"pool": "base", "resources": {"cpu": "2"}}, "PoolMismatch"),
         ({"pool": "base", "resources": {"cpu": "1000m", "memory": "1Gi"}}, "Claimed"),
         ({"pool": "base", "workspace": {"id": "w1"}}, "PoolMismatch"),
+        ({"pool": "base", "reservation": {"cpuPercent": 50}}, "PoolMismatch"),
         ({}, "NoPool"),
     ],
 )

@@ -75,6 +75,21 @@ def create_org(
     )
 
 
+def set_reservation(
+    session: Session, org_ref: str, *, cpu_percent: int | None, memory_percent: int | None
+) -> Organization:
+    """What the organization's new sandboxes reserve on their nodes, as a percentage of their
+    size (None: the deployment's default). Running sandboxes keep what they were made with."""
+    for name, value in (("cpu", cpu_percent), ("memory", memory_percent)):
+        if value is not None and not 1 <= value <= 100:  # noqa: PLR2004
+            raise AdminError(f"the {name} reservation is {value}%: give a percentage from 1 to 100")
+    org = find_org(session, org_ref)
+    org.cpu_request_percent = cpu_percent
+    org.memory_request_percent = memory_percent
+    session.flush()
+    return org
+
+
 def find_org(session: Session, ref: str) -> Organization:
     """An organization by its id or its name."""
     org = store.get_org(session, ref) or store.get_org_by_name(session, ref)

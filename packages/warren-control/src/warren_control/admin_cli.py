@@ -3,6 +3,8 @@
     warren-control admin migrate
     warren-control admin create-org NAME [--quota-sandboxes N] [--quota-cpu-millis N]
         [--quota-memory-mib N] [--idle-timeout S] [--max-lifetime S] [--may-persist]
+    warren-control admin set-reservation ORG [--cpu-percent N] [--memory-percent N]
+                                   what its new sandboxes reserve of their size (unset: the default)
     warren-control admin issue-key ORG USER [--scope S]... [--e2b]
                                    prints the key, the only time it is shown (--e2b: as e2b_<hex>)
     warren-control admin revoke-key KEY                      a key id, or the whole key
@@ -107,6 +109,20 @@ def admin_create_org(args: argparse.Namespace) -> int:
     return 0
 
 
+def admin_set_reservation(args: argparse.Namespace) -> int:
+    from warren_control import admin
+
+    with _session(args) as session:
+        org = admin.set_reservation(
+            session, args.org, cpu_percent=args.cpu_percent, memory_percent=args.memory_percent
+        )
+        shares = {"cpu": org.cpu_request_percent, "memory": org.memory_request_percent}
+    said = ", ".join(f"{k} {'the default' if v is None else f'{v}%'}" for k, v in shares.items())
+    print(org.id)
+    print(f"new sandboxes reserve {said} of their size; running ones keep theirs", file=sys.stderr)
+    return 0
+
+
 def admin_issue_key(args: argparse.Namespace) -> int:
     from warren_control import admin
 
@@ -192,6 +208,18 @@ def add_admin_parser(commands: Any) -> None:
     org.add_argument("--idle-timeout", type=int, help="the longest idle timeout a sandbox may have (s)")
     org.add_argument("--max-lifetime", type=int, help="the longest lifetime a sandbox may have (s)")
     org.add_argument("--may-persist", action="store_true", help="may create persistent sandboxes")
+
+    share = action(
+        "set-reservation", admin_set_reservation, "what an organization's sandboxes reserve on their nodes"
+    )
+    share.add_argument("org", help="organization id or name")
+    for kind in ("cpu", "memory"):
+        share.add_argument(
+            f"--{kind}-percent",
+            type=int,
+            metavar="N",
+            help=f"reserve N%% of each sandbox's {kind} (1 to 100; unset: the deployment's default)",
+        )
 
     issue = action("issue-key", admin_issue_key, "issue an API key for a user; prints it, once")
     issue.add_argument("org", help="organization id or name")

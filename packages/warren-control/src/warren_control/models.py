@@ -116,6 +116,10 @@ class Organization(Base):
     idle_timeout_s: Mapped[int] = mapped_column(Integer, default=DEFAULT_IDLE_TIMEOUT_S)
     max_lifetime_s: Mapped[int] = mapped_column(Integer, default=DEFAULT_MAX_LIFETIME_S)
     may_persist: Mapped[bool] = mapped_column(Boolean, default=False)
+    # What its sandboxes' pods reserve on their nodes, as a percentage of their size; None:
+    # the deployment's default (the controller's --cpu/memory-request-percent).
+    cpu_request_percent: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    memory_request_percent: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

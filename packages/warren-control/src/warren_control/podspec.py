@@ -130,6 +130,15 @@ def _quantity(value: object, field: str, default: str) -> str:
     return text
 
 
+def _percent(reservation: Mapping[str, Any], key: str, default: int) -> int:
+    value = reservation.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:  # noqa: PLR2004
+        raise SandboxSpecError(f"spec.reservation.{key} is {value!r}: give a whole percent from 1 to 100")
+    return value
+
+
 def _share(quantity: str, field: str, percent: int) -> str:
     """`percent` of a quantity, rounded up to a whole millicore or MiB (at least one);
     the quantity itself at 100."""
@@ -154,7 +163,7 @@ def spec_hash(sandbox: Mapping[str, Any]) -> str:
     spec = sandbox.get("spec") or {}
     relevant = {key: spec.get(key) for key in ("image", "command", "resources", "workspace")}
     # Only when set, so sandboxes made before these fields existed keep their hash.
-    for key in ("env", "agentTokenSha256"):
+    for key in ("env", "agentTokenSha256", "reservation"):
         if spec.get(key):
             relevant[key] = spec[key]
     canonical = json.dumps(relevant, sort_keys=True, separators=(",", ":"))
@@ -251,10 +260,16 @@ def sandbox_pod_name(sandbox: Mapping[str, Any]) -> str:
     return str(claimed) if claimed else pod_name(str((sandbox.get("metadata") or {}).get("uid") or ""))
 
 
+# What of a SandboxPool's spec its pods are built from.
+POOL_POD_FIELDS = ("image", "command", "resources", "reservation")
+
+
 def pool_hash(pool: Mapping[str, Any]) -> str:
     """A digest of what a pool's pods are built from: a change replaces its unclaimed pods."""
     spec = pool.get("spec") or {}
     relevant = {key: spec.get(key) for key in ("image", "command", "resources")}
+    if spec.get("reservation"):  # only when set, so pools made before it keep their pods
+        relevant["reservation"] = spec["reservation"]
     canonical = json.dumps(relevant, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -280,7 +295,7 @@ def pool_pod_for(
     if not meta.get("name") or not meta.get("namespace") or not meta.get("uid"):
         raise SandboxSpecError("the SandboxPool needs metadata.name, .namespace and .uid")
     spec = pool.get("spec") or {}
-    container = _container({key: spec.get(key) for key in ("image", "command", "resources")}, options)
+    container = _container({key: spec.get(key) for key in POOL_POD_FIELDS}, options)
     pod_spec = _pod_spec(container, options, None)
     if options.agent_image:
         _add_agent(pod_spec, container, options, ["-claim-token-sha256", claim_sha256])
@@ -326,14 +341,17 @@ def pool_misfit(sandbox: Mapping[str, Any], pool: Mapping[str, Any], options: Po
     pool_spec = pool.get("spec") or {}
     try:
         wanted = _container(spec, options)
-        offered = _container({key: pool_spec.get(key) for key in ("image", "command", "resources")}, options)
+        offered = _container({key: pool_spec.get(key) for key in POOL_POD_FIELDS}, options)
     except SandboxSpecError as exc:
         return str(exc)
     for key, label in (("image", "image"), ("command", "command"), ("env", "env")):
         if wanted.get(key) != offered.get(key):
             return f"this sandbox's {label} differs from pool {name}'s"
-    if _amounts(wanted["resources"]) != _amounts(offered["resources"]):
+    wanted_amounts, offered_amounts = _amounts(wanted["resources"]), _amounts(offered["resources"])
+    if wanted_amounts["limits"] != offered_amounts["limits"]:
         return f"this sandbox's size differs from pool {name}'s"
+    if wanted_amounts["requests"] != offered_amounts["requests"]:
+        return f"this sandbox's reservation (its organization's share of its size) differs from pool {name}'s"
     return None
 
 
@@ -376,12 +394,15 @@ def _container(spec: Mapping[str, Any], options: PodOptions) -> Obj:
     resources = spec.get("resources") or {}
     cpu = _quantity(resources.get("cpu"), "cpu", options.default_cpu)
     memory = _quantity(resources.get("memory"), "memory", options.default_memory)
-    # The size is the limit: a sandbox never takes more than that. What it reserves is the
-    # deployment's share of it (PodOptions).
+    # The size is the limit: a sandbox never takes more than that. What it reserves is a
+    # share of it: its organization's (spec.reservation), else the deployment's (PodOptions).
     amounts = {"cpu": cpu, "memory": memory}
+    reservation = spec.get("reservation") or {}
     requests = {
-        "cpu": _share(cpu, "cpu", options.cpu_request_percent),
-        "memory": _share(memory, "memory", options.memory_request_percent),
+        "cpu": _share(cpu, "cpu", _percent(reservation, "cpuPercent", options.cpu_request_percent)),
+        "memory": _share(
+            memory, "memory", _percent(reservation, "memoryPercent", options.memory_request_percent)
+        ),
     }
 
     container: Obj = {

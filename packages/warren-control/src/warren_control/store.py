@@ -313,6 +313,18 @@ def create_sandbox(
         if in_use + requested > limit:
             raise QuotaExceeded(quota, limit, in_use, requested)
     now = now or utcnow()
+    spec = dict(spec)
+    spec.pop("reservation", None)  # a fork's copy of its parent's spec: the organization's now
+    reservation = {
+        key: value
+        for key, value in (
+            ("cpu_percent", org.cpu_request_percent),
+            ("memory_percent", org.memory_request_percent),
+        )
+        if value is not None
+    }
+    if reservation:  # the organization's, fixed at creation like its size
+        spec["reservation"] = reservation
     # A request may shorten the organization's timers, never lengthen them.
     lifetime = min(int(spec.get("max_lifetime_s") or org.max_lifetime_s), org.max_lifetime_s)
     idle = min(int(spec.get("idle_timeout_s") or org.idle_timeout_s), org.idle_timeout_s)
@@ -320,7 +332,7 @@ def create_sandbox(
         id=ids.new_sandbox_id(),
         org_id=org_id,
         created_by=user_id,
-        spec=dict(spec),
+        spec=spec,
         object_name=ids.new_object_name(),
         phase=SandboxPhase.PENDING,
         conditions=[],

@@ -112,6 +112,13 @@ def resource_for(record: Sandbox, namespace: str, stamp_key: bytes) -> Obj:
         body["command"] = list(spec["command"])
     if spec.get("env"):
         body["env"] = dict(spec["env"])
+    reservation = spec.get("reservation") or {}
+    if reservation:
+        body["reservation"] = {
+            name: reservation[key]
+            for key, name in (("cpu_percent", "cpuPercent"), ("memory_percent", "memoryPercent"))
+            if key in reservation
+        }
     body["agentTokenSha256"] = keys.agent_token_sha256(stamp_key, record.id)
     workspace = spec.get("workspace")
     if workspace:
