@@ -243,3 +243,19 @@ def test_serve_runs_the_api_behind_the_edge(tmp_path: Path) -> None:
         (line["logger"], line.get("path"), line.get("status")) == ("uvicorn.access", "/v1/sandboxes", 401)
         for line in lines
     )
+
+
+def test_a_pool_must_name_a_template(tmp_path: Path) -> None:
+    key_file = tmp_path / "stamp.key"
+    key_file.write_bytes(b"x" * 48 + b"\n")
+    program = [sys.executable, "-m", "warren_control.cli", "serve", "--role", "api"]
+    common = ["--database-url", f"sqlite:///{tmp_path / 'r.db'}", "--stamp-key-file", str(key_file)]
+    done = subprocess.run(
+        [*program, *common, "--template", "base=busybox", "--pool", "big"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "--pool big names no template: give --template big=IMAGE too" in done.stderr

@@ -549,3 +549,31 @@ def test_a_sandbox_still_starting_after_the_wait_is_a_504_naming_it(stack_url: s
         # It keeps starting: it is there, running as far as E2B's states go, until its timeout.
         (listed,) = Sandbox.list(**org.opts).next_items()
         Sandbox.kill(listed.sandbox_id, **org.opts)
+
+
+def test_a_create_its_pooled_template_describes_names_the_pool(stack_url: str, standin: StandIn) -> None:
+    """With `--pool base`, a create from base (E2B's templateID, or Warren's API with base's
+    image and size and no command of its own) names the pool in its Sandbox resource, so the
+    controller claims one of the pool's pods; anything else names none and starts cold."""
+    with serve_stack(
+        stack_url, standin, templates=TEMPLATES, pools=frozenset({"base"}), start_wait_s=0
+    ) as pooled:
+        org = new_org(pooled)
+        from_base = Sandbox.create("base", **org.opts)
+        from_small = Sandbox.create("small", **org.opts)
+        spec = {"image": IMAGE, "cpu_millis": 1000, "memory_mib": 1024}
+        headers = {"X-API-Key": org.key}
+        made = [
+            httpx.post(f"{pooled.edge}/v1/sandboxes", json=body, headers=headers)
+            for body in (spec, {**spec, "memory_mib": 512}, {**spec, "command": ["sleep", "1"]})
+        ]
+        assert [answer.status_code for answer in made] == [201, 201, 201], [a.text for a in made]
+        pools = [
+            standin.get(record(pooled, sandbox_id.removeprefix("sbx_")).object_name)["spec"].get("pool")
+            for sandbox_id in (
+                "sbx_" + from_base.sandbox_id,
+                "sbx_" + from_small.sandbox_id,
+                *(answer.json()["id"] for answer in made),
+            )
+        ]
+        assert pools == ["base", None, "base", None, None]

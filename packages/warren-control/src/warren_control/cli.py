@@ -79,9 +79,19 @@ def _api_settings(args: argparse.Namespace, *, read_through: bool) -> Any:
         read_through=read_through,
         workspace_retention_s=args.workspace_retention_hours * 3600,
         templates=dict(args.template),
+        pools=_pools(args),
         start_wait_s=args.start_wait,
         sandbox_domain=args.sandbox_domain,
     )
+
+
+def _pools(args: argparse.Namespace) -> frozenset[str]:
+    unknown = sorted(set(args.pool) - {name for name, _ in args.template})
+    if unknown:
+        raise SystemExit(
+            f"error: --pool {unknown[0]} names no template: give --template {unknown[0]}=IMAGE too"
+        )
+    return frozenset(args.pool)
 
 
 def _template(text: str) -> tuple[str, Any]:
@@ -587,6 +597,14 @@ def _e2b_and_edge_arguments(serve: Any) -> None:
         default=[],
         metavar="NAME=IMAGE",
         help="api: a template the E2B surface's templateID may name (repeatable)",
+    )
+    serve.add_argument(
+        "--pool",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="api: the template NAME has a warm pool (the SandboxPool NAME in the sandbox "
+        "namespace): creates it describes claim from it (repeatable)",
     )
     serve.add_argument(
         "--start-wait",

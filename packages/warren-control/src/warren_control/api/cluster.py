@@ -110,6 +110,8 @@ def resource_for(record: Sandbox, namespace: str, stamp_key: bytes) -> Obj:
     }
     if spec.get("command"):
         body["command"] = list(spec["command"])
+    if spec.get("pool"):
+        body["pool"] = spec["pool"]
     if spec.get("env"):
         body["env"] = dict(spec["env"])
     reservation = spec.get("reservation") or {}

@@ -76,6 +76,10 @@ class ApiSettings:
     # What the E2B surface's templateID names (e2b.py), and the domain its sandboxes' hosts
     # are under ({port}-{id}.{domain}; None: the client's own E2B_DOMAIN).
     templates: Mapping[str, Template] = field(default_factory=dict)
+    # Templates with a warm pool (a SandboxPool of the template's name in `namespace`): a
+    # create the template describes names it, and the controller claims one of its pods or
+    # starts cold, saying why in the sandbox's PoolClaimed condition.
+    pools: frozenset[str] = frozenset()
     sandbox_domain: str | None = None
     # How long an E2B create, connect or fork waits for its sandboxes to run before it answers
     # (E2B's SDK uses a sandbox as soon as it has one); 0 answers at once.
@@ -202,7 +206,23 @@ class ApiService:
         if self.settings.workspaces:
             workspace = body.workspace or WorkspaceRequest()
             spec["workspace"] = {"size_gib": workspace.size_gib, "template": workspace.template}
+        pool = self.pool_for(spec)
+        if pool:
+            spec["pool"] = pool
         return spec
+
+    def pool_for(self, spec: Mapping[str, Any]) -> str | None:
+        """The warm pool whose template describes this sandbox (image, size, the image's own
+        command), if any. Whether a pod of it fits is the controller's to say."""
+        for name in sorted(self.settings.pools):
+            template = self.settings.templates[name]
+            if (template.image, template.cpu_millis, template.memory_mib) == (
+                spec["image"],
+                spec["cpu_millis"],
+                spec["memory_mib"],
+            ) and not spec.get("command"):
+                return name
+        return None
 
     def new_record(self, session: Session, org: Organization, user: User, spec: dict[str, Any]) -> Sandbox:
         workspace_id = ids.new_workspace_id() if self.settings.workspaces else None
