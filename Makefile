@@ -332,7 +332,14 @@ bench-blockd-fuse: $(BLOCKD)/.venv/.installed
 # Create through the whole platform against the same pod made directly, GETs through the edge,
 # and the controller's reconcile rate on kwok nodes (as root: the local cluster's node).
 bench-control: venv $(CONTROL)/.venv/.installed
-	bench/run-control.sh
+	bench/run-control.sh control
+
+# Create to a command's output through the API from a warm pool and cold, against the same
+# pod made directly; 100 idle sandboxes on the node; the edge against a bare handler; the
+# reconcile rate against direct pods (kwok). Writes bench/results/start.json.
+.PHONY: bench-start
+bench-start: venv $(CONTROL)/.venv/.installed
+	bench/run-control.sh start
 
 # Exec round trip through the sandbox's agent against Kubernetes exec, one sandbox of the
 # deployed platform (make deploy first); writes bench/results/exec.json.

@@ -50,7 +50,7 @@ def percentile(values: list[float], fraction: float) -> float:
 class ControlPlane:
     """`warren-control serve --role all` on a fresh SQLite database, with one organization."""
 
-    def __init__(self, kubeconfig: str, workdir: Path) -> None:
+    def __init__(self, kubeconfig: str, workdir: Path, extra_args: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
         self.url = f"sqlite:///{workdir / 'records.db'}"
         db.upgrade(self.url)
@@ -78,6 +78,7 @@ class ControlPlane:
                 f"--sandbox-namespace={NAMESPACE}",
                 f"--port={self.port}",
                 f"--api-port={api_port}",
+                *extra_args,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,

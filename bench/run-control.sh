@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# `make bench-control`: the controller's reconcile rate on a throw-away kwok control plane
-# (simulated nodes), then a throw-away local cluster (its own ports and state) with the floor
-# applied, and bench/control.py against it: the control plane as `serve --role all`, sandboxes
-# through the edge against the same pods made directly. Writes bench/results/control.json.
+# `make bench-control` and `make bench-start` (the first argument: control or start): the
+# controller's reconcile rate on a throw-away kwok control plane (simulated nodes) against the
+# same pods made directly, then a throw-away local cluster (its own ports and state) with the
+# floor applied, and bench/control.py or bench/start.py against it: the control plane as
+# `serve --role all`, sandboxes through the edge against the same pods made directly. Writes
+# bench/results/control.json or start.json.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bench=${1:?name the benchmark: control or start}
+shift
+[[ $bench == control || $bench == start ]] || { echo "unknown benchmark $bench: control or start" >&2; exit 2; }
 venv=$PWD/.venv/bin
 control=$PWD/packages/warren-control/.venv/bin
 bin_dir=$(tools/build-cluster-binaries.sh)
@@ -22,11 +27,12 @@ trap cleanup EXIT
   "${WARREN_BENCH_SANDBOXES:-5000}" "$kwok_json" "$WARREN_HOME" <<'PY'
 import json, os, sys
 from pathlib import Path
-from kwok_cluster import KwokCluster, measure_reconcile
+from kwok_cluster import KwokCluster, measure_direct_pods, measure_reconcile
 nodes, sandboxes, out, logs = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 with KwokCluster(Path(os.environ["WARREN_BIN_DIR"])) as cluster:
     cluster.add_nodes(nodes)
     result = measure_reconcile(cluster, sandboxes, log_dir=logs)
+    direct = measure_direct_pods(cluster, sandboxes)  # the same count, 32 threads as the creates
 print(result.summary(), file=sys.stderr)
 out.write_text(json.dumps({
     "reconcile_per_s": result.reconcile_per_s,
@@ -34,6 +40,7 @@ out.write_text(json.dumps({
     "reconcile_sandboxes": result.sandboxes,
     "reconcile_seconds": result.seconds,
     "reconcile_delete_seconds": result.delete_seconds,
+    "direct_pods_per_s": direct,
 }))
 PY
 )
@@ -41,5 +48,5 @@ PY
 "$venv/warren" cluster up --config "$config"
 "$venv/warren" apply --config "$config"
 image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(busybox_image())')
-"$control/python" bench/control.py --kubeconfig "$("$venv/warren" cluster kubeconfig)" \
+"$control/python" "bench/$bench.py" --kubeconfig "$("$venv/warren" cluster kubeconfig)" \
   --image "$image" --kwok-json "$kwok_json" "$@"

@@ -36,7 +36,7 @@ from warren_common.kubecluster import KubeCluster, node_names
 from warren_common.testing import wait_for
 from warren_control.controller import ControllerOptions
 from warren_control.kube import ApiException, Kube, Obj
-from warren_control.podspec import FINALIZER, GROUP, PLURAL, VERSION
+from warren_control.podspec import FINALIZER, GROUP, PLURAL, VERSION, pod_for
 
 REPO = Path(__file__).resolve().parents[3]
 NAMESPACE = "warren-sandboxes"  # the floor's default sandbox namespace (`warren apply` makes it)
@@ -186,6 +186,8 @@ CONTROLLER_WRITES = frozenset(
 # Single-object reads: what the controller's passes cost when they read the API server
 # instead of its watch-fed memory (the test's own waiting is by watch and list).
 CONTROLLER_READS = frozenset({("GET", "pods"), ("GET", "sandboxes")})
+# The direct pods' only label: no controller, mirror or pool reads it.
+DIRECT_LABEL = "warren.dev/bench-direct"
 _REQUEST_TOTAL = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -444,3 +446,33 @@ def measure_reconcile(
         if delete:
             result.delete_seconds = delete_all(cluster)
     return result
+
+
+def measure_direct_pods(cluster: KwokCluster, count: int, threads: int = 32, timeout: float = 1800) -> float:
+    """The baseline for the reconcile rate: `count` pods made directly (the controller's own
+    pod for a Sandbox, without a Sandbox: no owner, and labelled so that no controller
+    takes them), from `threads` threads, until kwok reports every one Running; pods per
+    second. They are deleted again afterwards."""
+    kube = connect(cluster.admin_kubeconfig, pool=threads)
+    bodies = []
+    for i in range(count):
+        sandbox = sandbox_body(f"direct-{i:05d}", "busybox")
+        sandbox["metadata"].update(namespace=NAMESPACE, uid=f"00000000-0000-4000-8000-{i:012d}")
+        pod = pod_for(sandbox)
+        pod["metadata"].pop("ownerReferences", None)
+        pod["metadata"]["labels"] = {DIRECT_LABEL: "true"}
+        bodies.append(pod)
+    selector = f"{DIRECT_LABEL}=true"
+
+    def running() -> bool:
+        cluster.check_alive()
+        pods = kube.list_pods(NAMESPACE, selector)
+        return sum((p.get("status") or {}).get("phase") == "Running" for p in pods) == count
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda body: kube.create_pod(NAMESPACE, body), bodies))
+    wait_for(running, timeout, f"{count} direct pods to be Running", interval=0.5)
+    seconds = time.monotonic() - start
+    kube.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods", query={"labelSelector": selector})
+    return round(count / seconds, 2)

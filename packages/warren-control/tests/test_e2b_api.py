@@ -553,8 +553,8 @@ def test_a_sandbox_still_starting_after_the_wait_is_a_504_naming_it(stack_url: s
 
 def test_a_create_its_pooled_template_describes_names_the_pool(stack_url: str, standin: StandIn) -> None:
     """With `--pool base`, a create from base (E2B's templateID, or Warren's API with base's
-    image and size and no command of its own) names the pool in its Sandbox resource, so the
-    controller claims one of the pool's pods; anything else names none and starts cold."""
+    image and size) names the pool in its Sandbox resource, so the controller claims one of
+    the pool's pods if one fits; any other size names none and starts cold."""
     with serve_stack(
         stack_url, standin, templates=TEMPLATES, pools=frozenset({"base"}), start_wait_s=0
     ) as pooled:
@@ -576,4 +576,4 @@ def test_a_create_its_pooled_template_describes_names_the_pool(stack_url: str, s
                 *(answer.json()["id"] for answer in made),
             )
         ]
-        assert pools == ["base", None, "base", None, None]
+        assert pools == ["base", None, "base", None, "base"]

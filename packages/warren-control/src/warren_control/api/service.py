@@ -212,15 +212,16 @@ class ApiService:
         return spec
 
     def pool_for(self, spec: Mapping[str, Any]) -> str | None:
-        """The warm pool whose template describes this sandbox (image, size, the image's own
-        command), if any. Whether a pod of it fits is the controller's to say."""
+        """The warm pool whose template describes this sandbox (its image and size), if any.
+        Whether a pod of it fits (its command, environment, workspace) is the controller's
+        to say, in the sandbox's PoolClaimed condition."""
         for name in sorted(self.settings.pools):
             template = self.settings.templates[name]
             if (template.image, template.cpu_millis, template.memory_mib) == (
                 spec["image"],
                 spec["cpu_millis"],
                 spec["memory_mib"],
-            ) and not spec.get("command"):
+            ):
                 return name
         return None
 

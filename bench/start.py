@@ -1,0 +1,298 @@
+"""Start benchmark: how fast a sandbox is ready to run a command through the API, from a warm
+pool and cold, against the same pod made directly; how many idle sandboxes one node holds and
+what one costs; the edge's GETs against a bare handler on the same web stack. Every figure is
+measured in one run on one machine, each beside its baseline. Writes bench/results/start.json.
+
+    python bench/start.py --kubeconfig K --image I [--samples 10] [--idle 100] [--kwok-json F]
+
+- pool_create_to_exec_ms_p50/_p99: an API create its pooled template describes, until the
+  output of a command run through the API arrives (the controller claims a ready pool pod).
+- cold_create_to_exec_ms_p50: the same with no pool to claim from (the pod starts cold).
+- bare_pod_ready_ms_p50: the controller's own pod created directly until it is Ready.
+- idle_sandboxes_per_node, idle_sandbox_pss_mib: `--idle` sandboxes of the default size
+  (1 CPU, 1 GiB, reserving the deployment's 1% and 10% of it) created at once through the
+  API on the one node; how many run and answer a command, and the proportional set size of
+  gVisor's processes and shims per sandbox. creates_per_s and create_ms_p99 are those
+  creates' API calls.
+- get_req_per_s through the edge; baseline_req_per_s from a bare handler served by the same
+  uvicorn (httptools, uvloop) to the same clients.
+- reconcile_per_s and direct_pods_per_s: from the kwok run (--kwok-json).
+- fork8_to_exec_ms_p50: null here: forks need the workspace layer, which this throw-away
+  cluster does not run (bench-workspace measures forks on it).
+
+Run it through `make bench-start`, which brings a throw-away cluster up and down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+from control import NAMESPACE, SLEEP, ControlPlane, direct_pod_ms, get_rate, percentile
+from warren_common.testing import free_port
+from warren_control.kube import Kube
+from warren_control.sdk import Client
+
+RESULTS = Path(__file__).parent / "results" / "start.json"
+POOL = "base"
+POOL_SIZE = 4
+# gVisor's processes for one pod: the sentry and the gofer, and the shim that drives them.
+GVISOR = ("runsc", "containerd-shim-runsc-v1")
+# The template's size, and a sandbox's default: what the pool's pods are made at.
+CPU_MILLIS, MEMORY_MIB = 1000, 1024
+
+
+def create_to_exec_ms(client: Client, image: str) -> tuple[float, str, str]:
+    """(ms from the create call until `echo ready` answers through the API, the sandbox's
+    id, how its pod started according to its PoolClaimed condition)."""
+    start = time.monotonic()
+    box = client.create(image, command=SLEEP, cpu_millis=CPU_MILLIS, memory_mib=MEMORY_MIB)
+    while True:
+        seen = client.get(box.id)
+        if seen.phase == "Running":
+            break
+        if seen.phase == "Failed" or time.monotonic() - start > 180:
+            raise RuntimeError(f"the sandbox did not come up: {seen.phase} {seen.reason}")
+        time.sleep(0.01)
+    result = client.run(box.id, ["echo", "ready"])
+    elapsed = (time.monotonic() - start) * 1000
+    if result.stdout.strip() != b"ready":
+        raise RuntimeError(f"the command's output was {result.stdout!r}, {result.stderr!r}")
+    started = next(
+        (f"{c.status}/{c.reason}" for c in client.get(box.id).conditions if c.type == "PoolClaimed"), "none"
+    )
+    return elapsed, box.id, started
+
+
+def pool_ready(kube: Kube, size: int) -> bool:
+    status = kube.request("GET", kube.pools_path(NAMESPACE, POOL)).get("status") or {}
+    return int(status.get("ready") or 0) >= size
+
+
+def wait(what: str, check: Callable[[], bool], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not happen in {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def make_pool(kube: Kube, image: str) -> None:
+    body = {
+        "apiVersion": "warren.dev/v1alpha1",
+        "kind": "SandboxPool",
+        "metadata": {"name": POOL},
+        "spec": {
+            "image": image,
+            "command": SLEEP,
+            "resources": {"cpu": f"{CPU_MILLIS}m", "memory": f"{MEMORY_MIB}Mi"},
+            "size": POOL_SIZE,
+            "refillPerSecond": 10,
+        },
+    }
+    kube.request("POST", kube.pools_path(NAMESPACE), body=body)
+
+
+def gvisor_pss_kib() -> int:
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+            if not Path(argv0).name.startswith(GVISOR):
+                continue
+            rollup = (entry / "smaps_rollup").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
+    return total
+
+
+def idle_density(client: Client, image: str, count: int) -> dict[str, Any]:
+    """`count` default-size sandboxes created at once through the API (8 clients), each
+    asked a command once all run; what they cost in memory."""
+    before_kib = gvisor_pss_kib()
+    latencies: list[float] = []
+
+    def create(_: int) -> str:
+        t0 = time.monotonic()
+        box = client.create(image, command=SLEEP)
+        latencies.append((time.monotonic() - t0) * 1000)
+        return box.id
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(create, range(count)))
+    create_seconds = time.monotonic() - start
+    deadline = time.monotonic() + 900
+    while True:
+        phases = [client.get(i).phase for i in ids]
+        running = phases.count("Running")
+        print(f"idle: {running}/{count} running", file=sys.stderr, flush=True)
+        if running == count or time.monotonic() > deadline or "Failed" in phases:
+            break
+        time.sleep(5)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: client.run(i, ["echo", i]).stdout.strip() == i.encode(), ids))
+    per_sandbox_mib = (gvisor_pss_kib() - before_kib) / max(1, running) / 1024
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(client.delete, ids))
+    return {
+        "idle_sandboxes_per_node": sum(answers),
+        "idle_sandboxes_tried": count,
+        "idle_sandbox_pss_mib": round(per_sandbox_mib, 1),
+        "creates_per_s": round(count / create_seconds, 1),
+        "create_ms_p50": round(statistics.median(latencies), 1),
+        "create_ms_p99": round(percentile(latencies, 0.99), 1),
+    }
+
+
+BASELINE_APP = textwrap.dedent(
+    """
+    import sys
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def one(request):
+        return JSONResponse({"id": request.path_params["id"], "phase": "Running"})
+
+    app = Starlette(routes=[Route("/v1/sandboxes/{id}", one)])
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    """
+)
+
+
+def baseline_rate(sandbox_id: str) -> float:
+    """GETs per second of a bare handler on the edge's web stack, with get_rate's clients."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", BASELINE_APP, str(port)])
+    try:
+        wait("the baseline server", lambda: _answers(f"http://127.0.0.1:{port}/v1/sandboxes/x"), 30)
+        rate: float = get_rate(f"http://127.0.0.1:{port}", "none", sandbox_id)["get_req_per_s"]
+        return rate
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def on_the_cluster(kube: Kube, kubeconfig: str, image: str, samples: int, idle: int) -> dict[str, Any]:
+    """Everything measured through the control plane on the real node."""
+    # The deployment's shares (services.sandbox_*_request_percent), and the pooled template.
+    serve = (
+        f"--template={POOL}={image}",
+        f"--pool={POOL}",
+        "--cpu-request-percent=1",
+        "--memory-request-percent=10",
+    )
+    with tempfile.TemporaryDirectory(prefix="warren-bench-start-") as tmp:
+        plane = ControlPlane(kubeconfig, Path(tmp), serve)
+        client = Client(plane.edge, plane.key)
+        try:
+            # Cold and bare alternate (no pool exists yet: creates start cold, PoolNotFound),
+            # after one unmeasured round of each (image in the page cache, first-pod costs).
+            _, warm, _ = create_to_exec_ms(client, image)
+            client.delete(warm)
+            direct_pod_ms(kube, image)
+            cold: list[float] = []
+            bare: list[float] = []
+            for index in range(samples):
+                print(f"cold and bare {index + 1}/{samples}", file=sys.stderr, flush=True)
+                cold.append(sample(client, image, "False/PoolNotFound"))
+                bare.append(direct_pod_ms(kube, image))
+            make_pool(kube, image)
+            pooled: list[float] = []
+            for index in range(samples):
+                wait("the pool to be ready", lambda: pool_ready(kube, POOL_SIZE))
+                print(f"from the pool {index + 1}/{samples}", file=sys.stderr, flush=True)
+                pooled.append(sample(client, image, "True/Claimed"))
+            kube.request("DELETE", kube.pools_path(NAMESPACE, POOL))
+            _, keep, _ = create_to_exec_ms(client, image)
+            gets = get_rate(plane.edge, plane.key, keep)
+            client.delete(keep)
+            density = idle_density(client, image, idle)
+        finally:
+            client.close()
+            plane.stop()
+    return {
+        "pool_create_to_exec_ms_p50": round(statistics.median(pooled), 1),
+        "pool_create_to_exec_ms_p99": round(percentile(pooled, 0.99), 1),
+        "cold_create_to_exec_ms_p50": round(statistics.median(cold), 1),
+        "bare_pod_ready_ms_p50": round(statistics.median(bare), 1),
+        "fork8_to_exec_ms_p50": None,
+        **density,
+        **gets,
+    }
+
+
+def sample(client: Client, image: str, expected: str) -> float:
+    """One create to exec that must have started as `expected` (PoolClaimed status/reason)."""
+    elapsed, box, started = create_to_exec_ms(client, image)
+    client.delete(box)
+    if started != expected:
+        raise RuntimeError(f"a create expected to start {expected} started {started}")
+    return elapsed
+
+
+def with_ratios(result: dict[str, Any]) -> dict[str, Any]:
+    """The acceptance's ratios, each figure over the baseline measured beside it."""
+    bare = result["bare_pod_ready_ms_p50"]
+    ratios = {
+        "pool_p50_over_bare_p50": result["pool_create_to_exec_ms_p50"] / bare,
+        "pool_p99_over_bare_p50": result["pool_create_to_exec_ms_p99"] / bare,
+        "cold_p50_over_bare_p50": result["cold_create_to_exec_ms_p50"] / bare,
+        "get_over_baseline": result["get_req_per_s"] / result["baseline_req_per_s"],
+    }
+    if "direct_pods_per_s" in result:
+        ratios["reconcile_over_direct"] = result["reconcile_per_s"] / result["direct_pods_per_s"]
+    return {**result, **{name: round(value, 3) for name, value in ratios.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--image", required=True, help="an image the node has")
+    parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument("--idle", type=int, default=100, help="idle sandboxes to start at once")
+    parser.add_argument("--kwok-json", type=Path, help="reconcile figures from the kwok run")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    kube = Kube.connect(args.kubeconfig)
+    result: dict[str, Any] = {"samples": args.samples}
+    result.update(on_the_cluster(kube, args.kubeconfig, args.image, args.samples, args.idle))
+    result["baseline_req_per_s"] = baseline_rate("x")
+    if args.kwok_json:
+        result.update(json.loads(args.kwok_json.read_text()))
+    result = with_ratios(result)
+    result["cpus"] = os.cpu_count()
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
