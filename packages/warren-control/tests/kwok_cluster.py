@@ -194,7 +194,9 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 def api_requests(kube: Kube) -> Counter[tuple[str, str]]:
     """The API server's request counters so far, by verb and resource[/subresource], from
-    its own metrics: what every client asked of it, counted where it was served."""
+    its own metrics: what every client asked of it, counted where it was served. Requests
+    it throttled (429: its priority and fairness turned them away under load, before any
+    work) are left out: the client's retry of one is counted when it is served."""
     request = kube.api.param_serialize(
         method="GET",
         resource_path="/metrics",
@@ -206,6 +208,8 @@ def api_requests(kube: Kube) -> Counter[tuple[str, str]]:
     for line in text.splitlines():
         if found := _REQUEST_TOTAL.match(line):
             labels = dict(_LABEL.findall(found["labels"]))
+            if labels.get("code") == "429":
+                continue
             resource = labels.get("resource", "") + (
                 f"/{labels['subresource']}" if labels.get("subresource") else ""
             )
