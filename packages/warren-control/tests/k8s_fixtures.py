@@ -4,6 +4,7 @@ cluster with the Warren floor applied, which tests/run-cluster.sh brings up and 
 Environment:
   WARREN_KUBECONFIG   admin kubeconfig of the cluster (the tests skip without it)
   WARREN_TEST_IMAGE   an image the node already has (run-cluster.sh: the node's busybox)
+  WARREN_AGENT_IMAGE  the agent image the node has (tests/cluster/run.sh: the deployed one's)
 """
 
 from __future__ import annotations
@@ -43,6 +44,19 @@ def image() -> str:
     if not name:
         pytest.skip("no image: set WARREN_TEST_IMAGE to an image the node has (run-cluster.sh does)")
     return name
+
+
+@pytest.fixture(scope="session")
+def agent_image() -> str:
+    name = os.environ.get("WARREN_AGENT_IMAGE")
+    if not name:
+        # CI runs this on purpose: there a missing image fails instead of skipping.
+        reason = (
+            "no agent image: set WARREN_AGENT_IMAGE to the agent image the node has "
+            "(tests/cluster/run.sh does)"
+        )
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
+    return str(name)
 
 
 @pytest.fixture(scope="session")

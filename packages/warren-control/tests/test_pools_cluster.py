@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import secrets
 import time
 from collections.abc import Iterator
@@ -27,19 +26,6 @@ pytest_plugins = ["k8s_fixtures"]
 pytestmark = pytest.mark.cluster
 
 START_TIMEOUT = 180  # cold gVisor starts on a small, busy test machine
-
-
-@pytest.fixture(scope="session")
-def agent_image() -> str:
-    name = os.environ.get("WARREN_AGENT_IMAGE")
-    if not name:
-        # CI runs this on purpose: there a missing image fails instead of skipping.
-        reason = (
-            "no agent image: set WARREN_AGENT_IMAGE to the agent image the node has "
-            "(tests/cluster/run.sh does)"
-        )
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
-    return str(name)
 
 
 @pytest.fixture
