@@ -119,8 +119,9 @@ def api_create_ms(client: Client, image: str) -> tuple[float, str]:
         time.sleep(0.02)
 
 
-def direct_pod(image: str) -> Obj:
-    """The controller's pod for a sandbox, without an owner (there is no Sandbox) and
+def direct_pod(image: str, resources: dict[str, str] | None = None, options: PodOptions | None = None) -> Obj:
+    """The controller's pod for a sandbox (of `resources`, built with `options`, as the
+    control plane under measurement builds it), without an owner (there is no Sandbox) and
     without the controller's label (so no controller or mirror takes it for theirs)."""
     sandbox = {
         "apiVersion": "warren.dev/v1alpha1",
@@ -130,17 +131,22 @@ def direct_pod(image: str) -> Obj:
             "namespace": NAMESPACE,
             "uid": str(uuid.uuid4()),
         },
-        "spec": {"image": image, "command": SLEEP, "resources": {"cpu": "50m", "memory": "128Mi"}},
+        "spec": {
+            "image": image,
+            "command": SLEEP,
+            "resources": resources or {"cpu": "50m", "memory": "128Mi"},
+        },
     }
-    pod = pod_for(sandbox, options=PodOptions(image_pull_policy="IfNotPresent"))
+    pod = pod_for(sandbox, options=options or PodOptions(image_pull_policy="IfNotPresent"))
     pod["metadata"].pop("ownerReferences", None)
     pod["metadata"]["labels"][MANAGED_BY_LABEL] = "warren-bench"
     return pod
 
 
-def direct_pod_ms(kube: Kube, image: str) -> float:
-    """Create the pod directly and poll it (every 20 ms) until it is Ready."""
-    body = direct_pod(image)
+def direct_pod_ms(kube: Kube, image: str, **pod: Any) -> float:
+    """Create the pod (direct_pod's, with `pod` passed on) directly and poll it (every
+    20 ms) until it is Ready."""
+    body = direct_pod(image, **pod)
     name = body["metadata"]["name"]
     start = time.monotonic()
     kube.create_pod(NAMESPACE, body)

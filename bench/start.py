@@ -43,6 +43,7 @@ import httpx
 from control import NAMESPACE, SLEEP, ControlPlane, direct_pod_ms, get_rate, percentile
 from warren_common.testing import free_port
 from warren_control.kube import Kube
+from warren_control.podspec import PodOptions
 from warren_control.sdk import Client
 
 RESULTS = Path(__file__).parent / "results" / "start.json"
@@ -52,6 +53,13 @@ POOL_SIZE = 4
 GVISOR = ("runsc", "containerd-shim-runsc-v1")
 # The template's size, and a sandbox's default: what the pool's pods are made at.
 CPU_MILLIS, MEMORY_MIB = 1000, 1024
+# The deployment's shares of it (services.sandbox_*_request_percent), given to the control
+# plane and to the pods made directly alike, so the baseline is the same pod.
+CPU_PERCENT, MEMORY_PERCENT = 1, 10
+BARE = {
+    "resources": {"cpu": f"{CPU_MILLIS}m", "memory": f"{MEMORY_MIB}Mi"},
+    "options": PodOptions(cpu_request_percent=CPU_PERCENT, memory_request_percent=MEMORY_PERCENT),
+}
 
 
 def create_to_exec_ms(client: Client, image: str) -> tuple[float, str, str]:
@@ -203,8 +211,8 @@ def on_the_cluster(kube: Kube, kubeconfig: str, image: str, samples: int, idle: 
     serve = (
         f"--template={POOL}={image}",
         f"--pool={POOL}",
-        "--cpu-request-percent=1",
-        "--memory-request-percent=10",
+        f"--cpu-request-percent={CPU_PERCENT}",
+        f"--memory-request-percent={MEMORY_PERCENT}",
     )
     with tempfile.TemporaryDirectory(prefix="warren-bench-start-") as tmp:
         plane = ControlPlane(kubeconfig, Path(tmp), serve)
@@ -214,13 +222,13 @@ def on_the_cluster(kube: Kube, kubeconfig: str, image: str, samples: int, idle: 
             # after one unmeasured round of each (image in the page cache, first-pod costs).
             _, warm, _ = create_to_exec_ms(client, image)
             client.delete(warm)
-            direct_pod_ms(kube, image)
+            direct_pod_ms(kube, image, **BARE)
             cold: list[float] = []
             bare: list[float] = []
             for index in range(samples):
                 print(f"cold and bare {index + 1}/{samples}", file=sys.stderr, flush=True)
                 cold.append(sample(client, image, "False/PoolNotFound"))
-                bare.append(direct_pod_ms(kube, image))
+                bare.append(direct_pod_ms(kube, image, **BARE))
             make_pool(kube, image)
             pooled: list[float] = []
             for index in range(samples):
