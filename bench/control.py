@@ -243,9 +243,14 @@ def main() -> None:
     result.update(rates)
     if args.kwok_json:
         result.update(json.loads(args.kwok_json.read_text()))
+    write_result(args.output, result)
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """The figures, with the machine's CPU count, as JSON to `path` and to stdout."""
     result["cpus"] = os.cpu_count()
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -40,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from control import NAMESPACE, SLEEP, ControlPlane, direct_pod_ms, get_rate, percentile
-from warren_common.testing import free_port
+from control import NAMESPACE, SLEEP, ControlPlane, direct_pod_ms, get_rate, percentile, write_result
+from warren_common.testing import free_port, gvisor_pss_kib
 from warren_control.kube import Kube
 from warren_control.podspec import PodOptions
 from warren_control.sdk import Client
@@ -49,8 +48,6 @@ from warren_control.sdk import Client
 RESULTS = Path(__file__).parent / "results" / "start.json"
 POOL = "base"
 POOL_SIZE = 4
-# gVisor's processes for one pod: the sentry and the gofer, and the shim that drives them.
-GVISOR = ("runsc", "containerd-shim-runsc-v1")
 # The template's size, and a sandbox's default: what the pool's pods are made at.
 CPU_MILLIS, MEMORY_MIB = 1000, 1024
 # The deployment's shares of it (services.sandbox_*_request_percent), given to the control
@@ -113,26 +110,10 @@ def make_pool(kube: Kube, image: str) -> None:
     kube.request("POST", kube.pools_path(NAMESPACE), body=body)
 
 
-def gvisor_pss_kib() -> int:
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
-            if not Path(argv0).name.startswith(GVISOR):
-                continue
-            rollup = (entry / "smaps_rollup").read_text()
-        except OSError:
-            continue
-        total += next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
-    return total
-
-
 def idle_density(client: Client, image: str, count: int) -> dict[str, Any]:
     """`count` default-size sandboxes created at once through the API (8 clients), each
     asked a command once all run; what they cost in memory."""
-    before_kib = gvisor_pss_kib()
+    _, before_kib = gvisor_pss_kib()
     latencies: list[float] = []
 
     def create(_: int) -> str:
@@ -155,7 +136,7 @@ def idle_density(client: Client, image: str, count: int) -> dict[str, Any]:
         time.sleep(5)
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda i: client.run(i, ["echo", i]).stdout.strip() == i.encode(), ids))
-    per_sandbox_mib = (gvisor_pss_kib() - before_kib) / max(1, running) / 1024
+    per_sandbox_mib = (gvisor_pss_kib()[1] - before_kib) / max(1, running) / 1024
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(client.delete, ids))
     return {
@@ -296,10 +277,7 @@ def main() -> None:
     if args.kwok_json:
         result.update(json.loads(args.kwok_json.read_text()))
     result = with_ratios(result)
-    result["cpus"] = os.cpu_count()
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.output, result)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,10 @@ from pathlib import Path
 import pytest
 from k8s_helpers import (
     Controller,
-    controller_kubeconfig,
     delete_namespace,
     make_namespace,
-    strip_finalizers,
+    serving_controller,
 )
-from warren_common.testing import wait_for
 from warren_control.kube import Kube
 
 
@@ -73,21 +71,6 @@ def namespace(kube: Kube) -> Iterator[str]:
 
 @pytest.fixture
 def controller(kube: Kube, kubeconfig: str, namespace: str, tmp_path: Path) -> Iterator[Controller]:
-    """A controller for the test's namespace, running as the controller's ServiceAccount.
-    Afterwards every Sandbox is deleted through it (so finalizers run). Its logs are
-    printed at teardown, which pytest shows only for a failed test."""
-    process = Controller(namespace, controller_kubeconfig(kube, kubeconfig, tmp_path), tmp_path)
-    process.start()
-    yield process
-    try:
-        if not process.running():
-            process.start()
-        for sandbox in kube.list_sandboxes(namespace):
-            kube.delete_sandbox(namespace, sandbox["metadata"]["name"])
-        wait_for(lambda: not kube.list_sandboxes(namespace), 120, "every Sandbox to be deleted")
-    except AssertionError:
-        strip_finalizers(kube, namespace)
-        raise
-    finally:
-        process.stop()
-        print(process.logs())
+    """A controller for the test's namespace (serving_controller)."""
+    with serving_controller(kube, kubeconfig, namespace, tmp_path) as process:
+        yield process

@@ -5,12 +5,13 @@ subprocess that a test may kill. The fixtures built on them are in k8s_fixtures.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,38 @@ class Controller:
             kept = "\n".join(line for line in lines if "' succeeded." not in line)
             parts.append(f"--- {path.name}\n{kept[-4000:]}")
         return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def serving_controller(
+    kube: Kube,
+    kubeconfig: str,
+    namespace: str,
+    log_dir: Path,
+    *,
+    extra_args: Sequence[str] = (),
+    delete_timeout: float = 120,
+) -> Iterator[Controller]:
+    """A controller for the namespace, running as the controller's ServiceAccount (with
+    `extra_args`). Afterwards every Sandbox is deleted through it (so finalizers run), within
+    `delete_timeout` seconds. Its logs are printed at the end, which pytest shows only for a
+    failed test."""
+    process = Controller(namespace, controller_kubeconfig(kube, kubeconfig, log_dir), log_dir, extra_args)
+    process.start()
+    try:
+        yield process
+    finally:
+        try:
+            if not process.running():
+                process.start()
+            for sandbox in kube.list_sandboxes(namespace):
+                kube.delete_sandbox(namespace, sandbox["metadata"]["name"])
+            wait_for(
+                lambda: not kube.list_sandboxes(namespace), delete_timeout, "every Sandbox to be deleted"
+            )
+        except AssertionError:
+            strip_finalizers(kube, namespace)
+            raise
+        finally:
+            process.stop()
+            print(process.logs())

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_helpers import Controller, controller_kubeconfig, sandbox_body
+from k8s_helpers import Controller, sandbox_body, serving_controller
 from kubernetes.utils import parse_quantity
-from warren_common.testing import wait_for
+from warren_common.testing import gvisor_pss_kib, wait_for
 from warren_control import agentclient
 from warren_control.kube import Kube, Obj
 from warren_control.podspec import CONTAINER
@@ -29,9 +29,6 @@ pytestmark = pytest.mark.cluster
 
 SANDBOXES = 100
 START_TIMEOUT = 900  # 100 cold gVisor starts on two cores shared with the other lanes
-# gVisor's processes for one pod: the sentry and the gofer (runsc's re-executions of
-# itself) and the containerd shim that drives them.
-GVISOR = ("runsc", "containerd-shim-runsc-v1")
 
 
 @pytest.fixture
@@ -39,47 +36,16 @@ def dense_controller(
     kube: Kube, kubeconfig: str, namespace: str, agent_image: str, tmp_path: Path
 ) -> Iterator[Controller]:
     # The shares the deployed platform uses (services.sandbox_*_request_percent).
-    process = Controller(
+    shares = ("--cpu-request-percent", "1", "--memory-request-percent", "10")
+    with serving_controller(
+        kube,
+        kubeconfig,
         namespace,
-        controller_kubeconfig(kube, kubeconfig, tmp_path),
         tmp_path,
-        extra_args=(
-            "--agent-image",
-            agent_image,
-            "--cpu-request-percent",
-            "1",
-            "--memory-request-percent",
-            "10",
-        ),
-    )
-    process.start()
-    try:
+        extra_args=("--agent-image", agent_image, *shares),
+        delete_timeout=600,
+    ) as process:
         yield process
-    finally:
-        for sandbox in kube.list_sandboxes(namespace):
-            kube.delete_sandbox(namespace, sandbox["metadata"]["name"])
-        wait_for(lambda: not kube.list_sandboxes(namespace), 600, "every Sandbox to be deleted")
-        process.stop()
-        print(process.logs())
-
-
-def gvisor_pss_kib() -> tuple[int, int]:
-    """(processes, summed proportional set size in KiB) of gVisor's processes on this node."""
-    count = total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
-            if not Path(argv0).name.startswith(GVISOR):
-                continue
-            rollup = (entry / "smaps_rollup").read_text()
-        except OSError:
-            continue  # gone meanwhile, or a kernel thread
-        pss = next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
-        count += 1
-        total += pss
-    return count, total
 
 
 async def answer_all(addresses: dict[str, tuple[str, str]]) -> dict[str, str]:

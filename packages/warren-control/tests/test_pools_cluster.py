@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from k8s_helpers import SMALL, Controller, controller_kubeconfig, sandbox_body
+from k8s_helpers import SMALL, Controller, sandbox_body, serving_controller
 from warren_common.testing import wait_for
 from warren_control import agentclient
 from warren_control.kube import Kube, Obj
@@ -32,21 +32,10 @@ START_TIMEOUT = 180  # cold gVisor starts on a small, busy test machine
 def pooled_controller(
     kube: Kube, kubeconfig: str, namespace: str, agent_image: str, tmp_path: Path
 ) -> Iterator[Controller]:
-    process = Controller(
-        namespace,
-        controller_kubeconfig(kube, kubeconfig, tmp_path),
-        tmp_path,
-        extra_args=("--agent-image", agent_image),
-    )
-    process.start()
-    try:
+    with serving_controller(
+        kube, kubeconfig, namespace, tmp_path, extra_args=("--agent-image", agent_image)
+    ) as process:
         yield process
-    finally:
-        for sandbox in kube.list_sandboxes(namespace):
-            kube.delete_sandbox(namespace, sandbox["metadata"]["name"])
-        wait_for(lambda: not kube.list_sandboxes(namespace), 120, "every Sandbox to be deleted")
-        process.stop()
-        print(process.logs())
 
 
 def ready_pool_pods(kube: Kube, namespace: str, size: int) -> list[Obj] | None:
