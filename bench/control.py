@@ -119,10 +119,10 @@ def api_create_ms(client: Client, image: str) -> tuple[float, str]:
         time.sleep(0.02)
 
 
-def direct_pod(image: str, resources: dict[str, str] | None = None, options: PodOptions | None = None) -> Obj:
-    """The controller's pod for a sandbox (of `resources`, built with `options`, as the
-    control plane under measurement builds it), without an owner (there is no Sandbox) and
-    without the controller's label (so no controller or mirror takes it for theirs)."""
+def direct_pod(image: str, spec: dict[str, Any] | None = None, options: PodOptions | None = None) -> Obj:
+    """The controller's pod for a sandbox (its spec updated with `spec`, built with `options`,
+    as the control plane under measurement builds it), without an owner (there is no
+    Sandbox) and without the controller's label (so no controller or mirror takes it)."""
     sandbox = {
         "apiVersion": "warren.dev/v1alpha1",
         "kind": "Sandbox",
@@ -134,7 +134,8 @@ def direct_pod(image: str, resources: dict[str, str] | None = None, options: Pod
         "spec": {
             "image": image,
             "command": SLEEP,
-            "resources": resources or {"cpu": "50m", "memory": "128Mi"},
+            "resources": {"cpu": "50m", "memory": "128Mi"},
+            **(spec or {}),
         },
     }
     pod = pod_for(sandbox, options=options or PodOptions(image_pull_policy="IfNotPresent"))

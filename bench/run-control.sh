@@ -48,5 +48,15 @@ PY
 "$venv/warren" cluster up --config "$config"
 "$venv/warren" apply --config "$config"
 image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(busybox_image())')
+extra=()
+if [[ $bench == start ]]; then
+  # Sandboxes with their agent, as deployed: the agent image built here, imported into the node.
+  socket=$WARREN_HOME/cluster/node/containerd/containerd.sock
+  agent=$("$venv/warren" image build agent --out "$WARREN_HOME/images" --import "$socket" \
+    --bin-dir "$bin_dir" --json | "$venv/python" -c '
+import json, sys
+print(next(f"{name}@{digest}" for name, digest in json.load(sys.stdin)["digests"].items()))')
+  extra=(--agent-image "$agent")
+fi
 "$control/python" "bench/$bench.py" --kubeconfig "$("$venv/warren" cluster kubeconfig)" \
-  --image "$image" --kwok-json "$kwok_json" "$@"
+  --image "$image" --kwok-json "$kwok_json" "${extra[@]}" "$@"

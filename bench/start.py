@@ -26,6 +26,7 @@ Run it through `make bench-start`, which brings a throw-away cluster up and down
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import subprocess
@@ -53,10 +54,18 @@ CPU_MILLIS, MEMORY_MIB = 1000, 1024
 # The deployment's shares of it (services.sandbox_*_request_percent), given to the control
 # plane and to the pods made directly alike, so the baseline is the same pod.
 CPU_PERCENT, MEMORY_PERCENT = 1, 10
-BARE = {
-    "resources": {"cpu": f"{CPU_MILLIS}m", "memory": f"{MEMORY_MIB}Mi"},
-    "options": PodOptions(cpu_request_percent=CPU_PERCENT, memory_request_percent=MEMORY_PERCENT),
-}
+
+
+def bare_pod(agent_image: str | None) -> dict[str, Any]:
+    """What direct_pod_ms needs to make the cold path's own pod: its size and shares, and,
+    with an agent image, the agent (which the pod is Ready only once it answers)."""
+    spec: dict[str, Any] = {"resources": {"cpu": f"{CPU_MILLIS}m", "memory": f"{MEMORY_MIB}Mi"}}
+    if agent_image:
+        spec["agentTokenSha256"] = hashlib.sha256(b"bench").hexdigest()
+    options = PodOptions(
+        cpu_request_percent=CPU_PERCENT, memory_request_percent=MEMORY_PERCENT, agent_image=agent_image
+    )
+    return {"spec": spec, "options": options}
 
 
 def create_to_exec_ms(client: Client, image: str) -> tuple[float, str, str]:
@@ -186,7 +195,9 @@ def _answers(url: str) -> bool:
         return False
 
 
-def on_the_cluster(kube: Kube, kubeconfig: str, image: str, samples: int, idle: int) -> dict[str, Any]:
+def on_the_cluster(
+    kube: Kube, kubeconfig: str, image: str, *, agent_image: str | None, samples: int, idle: int
+) -> dict[str, Any]:
     """Everything measured through the control plane on the real node."""
     # The deployment's shares (services.sandbox_*_request_percent), and the pooled template.
     serve = (
@@ -194,7 +205,9 @@ def on_the_cluster(kube: Kube, kubeconfig: str, image: str, samples: int, idle: 
         f"--pool={POOL}",
         f"--cpu-request-percent={CPU_PERCENT}",
         f"--memory-request-percent={MEMORY_PERCENT}",
+        *((f"--agent-image={agent_image}",) if agent_image else ()),
     )
+    pod = bare_pod(agent_image)
     with tempfile.TemporaryDirectory(prefix="warren-bench-start-") as tmp:
         plane = ControlPlane(kubeconfig, Path(tmp), serve)
         client = Client(plane.edge, plane.key)
@@ -203,13 +216,13 @@ def on_the_cluster(kube: Kube, kubeconfig: str, image: str, samples: int, idle: 
             # after one unmeasured round of each (image in the page cache, first-pod costs).
             _, warm, _ = create_to_exec_ms(client, image)
             client.delete(warm)
-            direct_pod_ms(kube, image, **BARE)
+            direct_pod_ms(kube, image, **pod)
             cold: list[float] = []
             bare: list[float] = []
             for index in range(samples):
                 print(f"cold and bare {index + 1}/{samples}", file=sys.stderr, flush=True)
                 cold.append(sample(client, image, "False/PoolNotFound"))
-                bare.append(direct_pod_ms(kube, image, **BARE))
+                bare.append(direct_pod_ms(kube, image, **pod))
             make_pool(kube, image)
             pooled: list[float] = []
             for index in range(samples):
@@ -265,6 +278,9 @@ def main() -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--image", required=True, help="an image the node has")
     parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument(
+        "--agent-image", help="the agent image the node has: sandboxes get their agent, as deployed"
+    )
     parser.add_argument("--idle", type=int, default=100, help="idle sandboxes to start at once")
     parser.add_argument("--kwok-json", type=Path, help="reconcile figures from the kwok run")
     parser.add_argument("--output", type=Path, default=RESULTS)
@@ -272,7 +288,17 @@ def main() -> None:
 
     kube = Kube.connect(args.kubeconfig)
     result: dict[str, Any] = {"samples": args.samples}
-    result.update(on_the_cluster(kube, args.kubeconfig, args.image, args.samples, args.idle))
+    result.update(
+        on_the_cluster(
+            kube,
+            args.kubeconfig,
+            args.image,
+            agent_image=args.agent_image,
+            samples=args.samples,
+            idle=args.idle,
+        )
+    )
+    result["agent"] = bool(args.agent_image)
     result["baseline_req_per_s"] = baseline_rate("x")
     if args.kwok_json:
         result.update(json.loads(args.kwok_json.read_text()))
