@@ -359,12 +359,32 @@ def test_pod_event_for_a_recreated_sandbox_of_the_same_name_deletes_the_old_pod(
     assert "deletionTimestamp" in kube.pods[old["metadata"]["name"]]["metadata"]
 
 
+def test_a_second_pass_before_the_watch_shows_the_pod_makes_none(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    """Under load the pod's ADDED event can come after another trigger for its Sandbox: that
+    pass must not try to make the pod again (a refused POST, a GET, a second status)."""
+    kube.add_sandbox("a")
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    statuses = kube.status_patches
+    reconciler.reconcile(NS, "a")  # the pod watch has shown nothing yet
+    assert (kube.creates, kube.reads, kube.status_patches) == (1, 0, statuses)
+    # Once the watch has shown the pod, and then its deletion, it is made again.
+    (pod,) = kube.pods.values()
+    reconciler.watched_pod("ADDED", copy.deepcopy(pod))
+    del kube.pods[pod["metadata"]["name"]]
+    reconciler.watched_pod("DELETED", pod)
+    reconciler.reconcile(NS, "a")
+    assert kube.creates == 2
+
+
 def test_pod_deleted_behind_our_back_is_made_again(kube: FakeKube, reconciler: Reconciler) -> None:
     kube.add_sandbox("a")
     reconciler.reconcile(NS, "a")
     remember_all(reconciler, kube)
     gone = kube.pods.popitem()[1]
-    reconciler.pods.apply("DELETED", gone)
+    reconciler.watched_pod("DELETED", gone)
     reconciler.pod_changed("DELETED", gone)
     assert len(kube.pods) == 1
     assert kube.creates == 2
@@ -637,7 +657,7 @@ def test_kopf_logs_in_as_the_handlers_client(
 
 def remember_all(reconciler: Reconciler, kube: FakeKube) -> None:
     """Feed the stores what the watches would have delivered by now."""
-    reconciler.pods.replace(NS, copy.deepcopy(list(kube.pods.values())))
+    reconciler.watched_pods(NS, copy.deepcopy(list(kube.pods.values())))
     for sandbox in kube.sandboxes.values():
         reconciler.sandbox_event("MODIFIED", copy.deepcopy(sandbox))
 
@@ -648,7 +668,7 @@ def test_a_sandbox_reaches_running_without_reading_the_server(kube: FakeKube, re
     reconciler.reconcile(NS, "a")
     pod = kube.pods[pod_name(sbx["metadata"]["uid"])]
     run(pod)
-    reconciler.pods.apply("MODIFIED", copy.deepcopy(pod))
+    reconciler.watched_pod("MODIFIED", copy.deepcopy(pod))
     reconciler.pod_changed("MODIFIED", pod)
     assert kube.status("a")["phase"] == "Running"
     assert (kube.reads, kube.creates, kube.status_patches) == (0, 1, 2)

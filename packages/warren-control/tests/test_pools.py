@@ -129,7 +129,7 @@ def test_a_pod_claimed_meanwhile_is_passed_over() -> None:
     remember_all(reconciler, kube)
     stale = copy.deepcopy(first)
     stale["metadata"]["resourceVersion"] = "0"
-    reconciler.pods.apply("MODIFIED", stale)
+    reconciler.watched_pod("MODIFIED", stale)
     reconciler.reconcile(NS, "a")
     uid = sbx["metadata"]["uid"]
     claimed = [p["metadata"]["name"] for p in kube.pods.values() if controller_uid(p) == uid]

@@ -285,9 +285,10 @@ class Reconciler:
         self._finalizing: dict[str, Callable[[], object]] = {}
         # Sandbox uid -> the status this controller last wrote there.
         self._written: dict[str, Obj] = {}
-        # Sandbox uid -> the pool pod it claimed, until the watch shows the claim; and the
-        # names of pool pods claimed here that the watch may still show unclaimed.
-        self._claims: dict[str, Obj] = {}
+        # Sandbox uid -> the pod made for it or the pool pod it claimed, until the watch
+        # shows that pod (a second pass in between would make it again, or claim another);
+        # and the names of pool pods claimed here that the watch may still show unclaimed.
+        self._unseen: dict[str, Obj] = {}
         self._taken: set[tuple[str, str]] = set()  # (namespace, name)
         # Pool uid -> {pod name: (created at, pod)} for pods the watch has not shown yet;
         # pool uid -> (refill tokens, when counted); pool uid -> the status written last.
@@ -324,14 +325,34 @@ class Reconciler:
             pods = self.kube.list_pods(namespace, f"{SANDBOX_UID_LABEL}={uid}")
         pods = [pod for pod in pods if controller_uid(pod) == uid]
         with self._guard:
-            claimed = self._claims.get(uid)
-            if claimed is not None and any(
-                p["metadata"]["name"] == claimed["metadata"]["name"] for p in pods
-            ):
-                del self._claims[uid]  # the watch has shown the claim
-            elif claimed is not None:
-                pods.append(claimed)
+            unseen = self._unseen.get(uid)
+            if unseen is not None and any(p["metadata"]["name"] == unseen["metadata"]["name"] for p in pods):
+                del self._unseen[uid]  # the watch has shown it
+            elif unseen is not None:
+                pods.append(unseen)
         return sorted(pods, key=_terminating)
+
+    def watched_pod(self, event_type: str, pod: Obj) -> None:
+        """A pod event from the watch, into memory: a pod made or claimed here is now in
+        the store (or, deleted before a pass looked, gone from it) and no longer unseen."""
+        self.pods.apply(event_type, pod)
+        self._seen(pod)
+
+    def watched_pods(self, namespace: str, pods: list[Obj]) -> list[Obj]:
+        """A (re)list of the namespace's pods, into memory; the ones it no longer has."""
+        gone = self.pods.replace(namespace, pods)
+        for pod in [*gone, *pods]:
+            self._seen(pod)
+        return gone
+
+    def _seen(self, pod: Mapping[str, Any]) -> None:
+        uid = controller_uid(pod)
+        if uid is None:
+            return
+        with self._guard:
+            unseen = self._unseen.get(uid)
+            if unseen is not None and unseen["metadata"]["name"] == pod["metadata"]["name"]:
+                del self._unseen[uid]
 
     def _pod_of(self, namespace: str, uid: str) -> Obj | None:
         pods = self._pods_of(namespace, uid)
@@ -440,7 +461,7 @@ class Reconciler:
                 self.kube.delete_pod(namespace, name, uid=claimed["metadata"]["uid"])
                 return None, _cold("ClaimFailed", f"the agent of pool {pool_name}'s pod refused: {refused}")
             with self._guard:
-                self._claims[uid] = claimed
+                self._unseen[uid] = claimed
             log.info(
                 "claimed pod %s of pool %s for %s/%s", name, pool_name, namespace, sandbox["metadata"]["name"]
             )
@@ -675,6 +696,8 @@ class Reconciler:
                 # the status instead of retrying blindly; the resync tries again.
                 return Observation("Failed", False, "PodRefused", error_message(exc))
             raise
+        with self._guard:
+            self._unseen[uid] = pod
         log.info("created pod %s for %s/%s", body["metadata"]["name"], namespace, sandbox["metadata"]["name"])
         return pod
 
@@ -742,7 +765,7 @@ class Reconciler:
         with self._guard:
             self._locks.pop(f"{namespace}/{name}", None)
             self._written.pop(uid, None)
-            self._claims.pop(uid, None)
+            self._unseen.pop(uid, None)
         return True
 
     @contextmanager
@@ -867,7 +890,7 @@ class PodEvents:
             self.reconciler.request_pool_pass(namespace, str(pool["metadata"]["name"]))
 
     def _event(self, event_type: str, pod: Obj) -> None:
-        self.reconciler.pods.apply(event_type, pod)
+        self.reconciler.watched_pod(event_type, pod)
         if event_type == "DELETED":
             self.reconciler.pod_deleted(pod)  # at once, not after the queue
         self._queue(event_type, pod)
@@ -875,7 +898,7 @@ class PodEvents:
     def _replace(self, namespace: str, pods: list[Obj]) -> None:
         # A (re)list: pods deleted while no watch ran are gone now, and each listed one
         # gets a pass, as after a start (an orphan, a pod of a stopped Sandbox).
-        for pod in self.reconciler.pods.replace(namespace, pods):
+        for pod in self.reconciler.watched_pods(namespace, pods):
             self.reconciler.pod_deleted(pod)
             self._queue("DELETED", pod)
         for pod in pods:
