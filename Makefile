@@ -85,20 +85,20 @@ down: venv
 # and the tiers that converge hosts and stacks take the second; lint, unit and the
 # packages' tiers, at a lower CPU priority (nice), the third. Every tier uses its own ports,
 # directories and namespaces (the hosts tier's hosts are namespaces with their own Warren
-# paths), so the lanes share nothing but the environments and the binaries, which are made
-# first. Each line is prefixed with its tier; test-results/tiers/ keeps every tier's log; the
+# paths), so the lanes share nothing but the environments and the binaries (each built once,
+# whichever asks first; see builds below). Each line is prefixed with its tier; test-results/tiers/ keeps every tier's log; the
 # end prints each tier's time and result, and a failed tier's last lines again.
 TIERS_CLUSTER := cluster-test
-TIERS_BUNDLE := bundle bundle-test hosts-test pulumi-test ansible-test
+TIERS_BUNDLE := ansible-test bundle bundle-test hosts-test pulumi-test
 TIERS_REST := check pulumi-unit blockd forkd agent control images-test scale
 REST_NICE := 5
 TIER_LOGS := test-results/tiers
 ENVS := $(VENV)/.installed $(VENV)/.control-installed $(BLOCKD)/.venv/.installed $(CONTROL)/.venv/.installed \
   $(FORKD)/.venv/.installed $(PULUMI)/.venv/.installed
 test:
-	$(MAKE) -j4 $(ENVS) builds
+	$(MAKE) -j4 $(ENVS)
 	rm -rf $(TIER_LOGS) && mkdir -p $(TIER_LOGS)
-	$(MAKE) -j3 lane-cluster lane-bundle lane-rest || { \
+	$(MAKE) -j4 build-pulumi lane-cluster lane-bundle lane-rest || { \
 	  for failed in $(TIER_LOGS)/*.failed; do \
 	    tier=$$(basename "$$failed" .failed); \
 	    echo "=== tier $$tier failed; its last lines ($(TIER_LOGS)/$$tier.log):"; \
@@ -111,15 +111,18 @@ tier-times:
 	@echo "=== each tier's time, by lane:"
 	@awk '{printf "%-13s %-13s %6d s  %s\n", $$1, $$2, $$3, $$4}' $(TIER_LOGS)/times
 
-# What both lanes would otherwise build at once. The two Go builds run beside each other and
-# beside the environments' installs (downloads overlap compiles): on a cold cache that is
-# most of the setup's time.
+# On a cold cache the Go builds are most of the run's CPU, so each lane starts as soon as
+# what it needs is built: the packages' lane at once (it needs no Go build until its last
+# tiers, whose scripts wait for the build in progress), the cluster and bundle lanes once the
+# cluster binaries are (their first tiers need them), and Pulumi's build after those, beside
+# the lanes (only the bundle and pulumi-test need it; they wait for it the same way).
 .PHONY: builds build-binaries build-pulumi lane-cluster lane-bundle lane-rest
 builds: build-binaries build-pulumi
 build-binaries:
 	tools/build-cluster-binaries.sh >/dev/null
-build-pulumi:
+build-pulumi: build-binaries
 	tools/build-pulumi.sh >/dev/null
+lane-cluster lane-bundle: build-binaries
 
 # The bundle is built once, as a tier of its own, for the two tiers after it that install it
 # (BUNDLE_WAIT: they take that build, or fail at once if it failed).

@@ -25,10 +25,16 @@ key=$( { go env GOVERSION; cat "$here"/build-cluster-binaries.sh;
          cat "$here"/gvisor/patches/*.patch; } \
        | sha256sum | cut -c1-16)
 out=$cache/bin/$key
-if [[ -f $out/SHA256SUMS ]] && (cd "$out" && sha256sum --quiet -c SHA256SUMS); then
-  echo "$out"
-  exit 0
+built() { [[ -f $out/SHA256SUMS ]] && (cd "$out" && sha256sum --quiet -c SHA256SUMS); }
+if built; then echo "$out"; exit 0; fi
+# One build per key: a second caller (make test's lanes ask at once) waits for the first
+# and takes its result.
+mkdir -p "$cache/bin" && exec 9> "$out.lock"
+if ! flock -n 9; then
+  echo "[build] waiting for the build of the same pins already running ($out.lock)" >&2
+  flock 9
 fi
+if built; then echo "$out"; exit 0; fi
 
 log() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 version_of() {  # version_of DIR MODULE -> the version the wrapper pins

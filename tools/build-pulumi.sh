@@ -24,10 +24,16 @@ key=$( { go env GOVERSION; cat "$here"/build-pulumi.sh;
          for m in "${modules[@]}"; do cat "$here/$m/go.mod" "$here/$m/go.sum"; done; } \
        | sha256sum | cut -c1-16)
 out=$cache/bin/$key
-if [[ -f $out/SHA256SUMS ]] && (cd "$out" && sha256sum --quiet -c SHA256SUMS); then
-  echo "$out"
-  exit 0
+built() { [[ -f $out/SHA256SUMS ]] && (cd "$out" && sha256sum --quiet -c SHA256SUMS); }
+if built; then echo "$out"; exit 0; fi
+# One build per key: a second caller (make test's lanes ask at once) waits for the first
+# and takes its result.
+mkdir -p "$cache/bin" && exec 9> "$out.lock"
+if ! flock -n 9; then
+  echo "[build] waiting for the build of the same pins already running ($out.lock)" >&2
+  flock 9
 fi
+if built; then echo "$out"; exit 0; fi
 
 log() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 version_of() {  # version_of DIR MODULE -> the version the wrapper pins
@@ -82,7 +88,8 @@ if [[ ! -f $k8s_src/.generated ]]; then
   rm -rf "$cache"/src/pulumi-kubernetes-* && mkdir -p "$(dirname "$k8s_src")"  # older pins' copies too
   cp -r "$(dir_of pulumi-kubernetes github.com/pulumi/pulumi-kubernetes/provider/v4)" "$k8s_src"
   chmod -R u+w "$k8s_src"
-  (cd "$k8s_mod" && go build -o "$k8s_mod/generate" "$k8s_src/cmd/pulumi-resource-kubernetes/generate.go")
+  # -trimpath as below: the generator's packages compile once, for both builds.
+  (cd "$k8s_mod" && go build -trimpath -o "$k8s_mod/generate" "$k8s_src/cmd/pulumi-resource-kubernetes/generate.go")
   (cd "$k8s_src/cmd/pulumi-resource-kubernetes" && VERSION=$k8s "$k8s_mod/generate")
   touch "$k8s_src/.generated"
 fi

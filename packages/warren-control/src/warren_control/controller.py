@@ -289,6 +289,9 @@ class Reconciler:
         # shows that pod (a second pass in between would make it again, or claim another);
         # and the names of pool pods claimed here that the watch may still show unclaimed.
         self._unseen: dict[str, Obj] = {}
+        # Sandbox uid -> how its unseen pod started (POOL_CONDITION), for the status that the
+        # pass after the watch shows the pod writes (see _pass).
+        self._starts: dict[str, Obj | None] = {}
         self._taken: set[tuple[str, str]] = set()  # (namespace, name)
         # Pool uid -> {pod name: (created at, pod)} for pods the watch has not shown yet;
         # pool uid -> (refill tokens, when counted); pool uid -> the status written last.
@@ -364,6 +367,7 @@ class Reconciler:
         if event_type == "DELETED":
             with self._guard:
                 self._written.pop(str(sandbox["metadata"]["uid"]), None)
+                self._starts.pop(str(sandbox["metadata"]["uid"]), None)
 
     def reconcile(self, namespace: str, name: str) -> Observation | None:
         """Converge one Sandbox and write its status; None if it is gone or being
@@ -376,6 +380,17 @@ class Reconciler:
 
     def _pass(self, sandbox: Obj) -> Observation:
         seen = self.converge(sandbox)
+        uid = str(sandbox["metadata"]["uid"])
+        with self._guard:
+            unseen = uid in self._unseen
+            if unseen and not seen.ready:
+                self._starts.setdefault(uid, seen.start)
+        if unseen and not seen.ready:
+            # The pod was just made (or claimed) and its watch event, which brings a pass of
+            # its own, is on its way: that pass writes what the pod shows then. A status
+            # write here would say only "creating"; under a burst of creates the pod runs by
+            # the time its event is handled, so a create costs one status write, not two.
+            return seen
         self.write_status(sandbox, seen)
         return seen
 
@@ -736,8 +751,14 @@ class Reconciler:
         # What this controller wrote last is the status now, even before the watch brings
         # it back: no other writer touches these fields.
         current = written if written is not None else (sandbox.get("status") or {})
+        with self._guard:
+            start = self._starts.get(uid)
+        if seen.start is None and start is not None:
+            seen = dataclasses.replace(seen, start=start)
         wanted = status_for({**sandbox, "status": current}, seen)
         if _same_status(current, wanted):
+            with self._guard:
+                self._starts.pop(uid, None)
             return
         try:
             self.kube.patch_sandbox_status(meta["namespace"], meta["name"], wanted)
@@ -747,6 +768,7 @@ class Reconciler:
             return
         with self._guard:
             self._written[uid] = wanted
+            self._starts.pop(uid, None)
 
     def finalize(self, namespace: str, name: str, uid: str, *, report: bool = True) -> bool:
         """Stop the Sandbox's pod; True once it is gone and the Sandbox may go too. With
@@ -766,6 +788,7 @@ class Reconciler:
             self._locks.pop(f"{namespace}/{name}", None)
             self._written.pop(uid, None)
             self._unseen.pop(uid, None)
+            self._starts.pop(uid, None)
         return True
 
     @contextmanager
