@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 from warren_common.testing import wait_for
-from warren_control.informer import CoalescingQueue, Store
+from warren_control.informer import CoalescingQueue, Later, Store
 from warren_control.kube import Obj
 
 
@@ -100,3 +100,19 @@ def test_a_put_after_shutdown_is_ignored() -> None:
     queue.shutdown()
     queue.put("late", 1)  # a watch still delivering while the controller stops
     assert done == []
+
+
+def test_later_hands_each_item_over_once_its_delay_has_passed_in_due_order() -> None:
+    handed: list[str] = []
+    later: Later[str] = Later(handed.append)
+    stop = threading.Event()
+    thread = threading.Thread(target=later.run, args=(stop,), daemon=True)
+    thread.start()
+    later.put(0.4, "second")
+    later.put(0.1, "first")
+    later.put(60, "never")  # still waiting when stopped: dropped
+    wait_for(lambda: len(handed) == 2, 10, "both due items")
+    stop.set()
+    thread.join(timeout=5)
+    assert handed == ["first", "second"]
+    assert not thread.is_alive()

@@ -10,7 +10,7 @@ import hashlib
 from typing import Any
 
 import pytest
-from test_controller import NS, FakeKube, remember_all, run, watch_pass
+from test_controller import LOUD, NS, FakeKube, remember_all, run
 from warren_control import agentclient
 from warren_control.controller import ControllerOptions, Reconciler
 from warren_control.kube import Obj
@@ -28,7 +28,7 @@ from warren_control.podspec import (
 def fresh(options: ControllerOptions | None = None) -> tuple[FakeKube, Reconciler]:
     """An in-memory API server and a controller on it."""
     kube = FakeKube()
-    return kube, Reconciler(kube, options)
+    return kube, Reconciler(kube, options or LOUD)
 
 
 def started(status: Obj) -> tuple[str, str, str]:
@@ -160,7 +160,6 @@ def test_a_pod_that_only_looks_like_the_pools_is_deleted_never_claimed() -> None
     kube.add_sandbox("a", pool="base")
     remember_all(reconciler, kube)
     reconciler.reconcile(NS, "a")
-    watch_pass(reconciler, kube, "a")
     assert controller_uid(kube.pods["forged"]) is None
     assert started(kube.status("a"))[1] == "PoolEmpty"
 
@@ -174,7 +173,6 @@ def test_an_empty_pool_means_a_cold_start_that_says_so() -> None:
     remember_all(reconciler, kube)
     reconciler.reconcile(NS, "a")
     reconciler.reconcile(NS, "b")  # the one pod is a's, even before the watch shows it
-    watch_pass(reconciler, kube, "b")
     assert started(kube.status("a"))[0] == "pool"
     assert started(kube.status("b"))[:2] == ("cold", "PoolEmpty")
     pods = {controller_uid(p) for p in kube.pods.values() if controller_uid(p)}
@@ -202,7 +200,6 @@ def test_a_sandbox_the_pool_cannot_take_starts_cold_with_the_reason_and_equal_si
     kube.add_sandbox("a", **spec)
     remember_all(reconciler, kube)
     reconciler.reconcile(NS, "a")
-    watch_pass(reconciler, kube, "a")  # a cold start's status, with its reason, comes then
     path, found, _ = started(kube.status("a"))
     assert found == reason
     assert kube.pod_patches == (1 if path == "pool" else 0)
@@ -266,7 +263,7 @@ def claims(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str, dict[st
 def test_a_claim_gives_the_agent_the_sandboxs_token_and_env(
     claims: list[tuple[str, str, str, dict[str, str]]],
 ) -> None:
-    kube, reconciler = fresh(ControllerOptions(pod=AGENTED))
+    kube, reconciler = fresh(ControllerOptions(pod=AGENTED, quiet_start_seconds=0))
     add_pool(kube, reconciler, size=1)
     (pod,) = fill(kube, reconciler)
     pod["status"]["podIP"] = "10.0.0.7"
@@ -291,7 +288,7 @@ def test_an_agent_that_refuses_the_claim_costs_its_pod_and_the_sandbox_starts_co
         raise agentclient.AgentRefused(409, "this agent is claimed already")
 
     monkeypatch.setattr(agentclient, "claim", refuse)
-    kube, reconciler = fresh(ControllerOptions(pod=AGENTED))
+    kube, reconciler = fresh(ControllerOptions(pod=AGENTED, quiet_start_seconds=0))
     add_pool(kube, reconciler, size=1)
     (pod,) = fill(kube, reconciler)
     pod["status"]["podIP"] = "10.0.0.7"
@@ -299,7 +296,6 @@ def test_an_agent_that_refuses_the_claim_costs_its_pod_and_the_sandbox_starts_co
     remember_all(reconciler, kube)
     reconciler.reconcile(NS, "a")
     assert "deletionTimestamp" in kube.pods[pod["metadata"]["name"]]["metadata"]
-    watch_pass(reconciler, kube, "a")
     path, reason, message = started(kube.status("a"))
     assert (path, reason) == ("cold", "ClaimFailed")
     assert "claimed already" in message

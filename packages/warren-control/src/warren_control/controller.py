@@ -43,7 +43,7 @@ from typing import Any, Literal, cast
 import kopf
 
 from warren_control import agentclient, leader
-from warren_control.informer import CoalescingQueue, Informer, Store
+from warren_control.informer import CoalescingQueue, Informer, Later, Store
 from warren_control.kube import ApiException, Kube, Obj, error_message
 from warren_control.podspec import (
     AGENT_CONTAINER,
@@ -110,6 +110,12 @@ class ControllerOptions:
     finalize_patience_seconds: float = 120.0
     # Threads for the handlers, which make blocking API calls.
     workers: int = 16
+    # A new Sandbox's status is first written when its pod runs, or when it shows something
+    # other than a normal start (unschedulable, an image that cannot be pulled), or after
+    # this long, whichever comes first: a pod that starts in time costs one status write,
+    # not one per step of its start (seen under a burst of creates: the API server's work
+    # per create is what limits how many it takes a second).
+    quiet_start_seconds: float = 10.0
     workspace: WorkspaceFn = no_workspace
 
 
@@ -126,6 +132,12 @@ class Observation:
     pod: str | None = None
     start: Obj | None = None
 
+
+# Why a pod is Pending while it starts as it should (observe's reasons): a new Sandbox's
+# status does not report them before ControllerOptions.quiet_start_seconds.
+STARTING = frozenset(
+    {"PodCreating", "PodPending", "ContainerCreating", "PodInitializing", "ContainersNotReady"}
+)
 
 # A claim tries this many ready pool pods (each one another claim may have taken first)
 # before the Sandbox starts cold.
@@ -289,9 +301,11 @@ class Reconciler:
         # shows that pod (a second pass in between would make it again, or claim another);
         # and the names of pool pods claimed here that the watch may still show unclaimed.
         self._unseen: dict[str, Obj] = {}
-        # Sandbox uid -> how its unseen pod started (POOL_CONDITION), for the status that the
-        # pass after the watch shows the pod writes (see _pass).
-        self._starts: dict[str, Obj | None] = {}
+        # Sandbox uid -> (when its pod was made here, how it started (POOL_CONDITION)), while
+        # no status has been written for it (see _quiet).
+        self._starting: dict[str, tuple[float, Obj | None]] = {}
+        # Asks for a pass of the Sandbox whose pod this is, after a delay; PodEvents does it.
+        self.request_pass_later: Callable[[Obj, float], object] = lambda _pod, _delay: None
         self._taken: set[tuple[str, str]] = set()  # (namespace, name)
         # Pool uid -> {pod name: (created at, pod)} for pods the watch has not shown yet;
         # pool uid -> (refill tokens, when counted); pool uid -> the status written last.
@@ -367,7 +381,7 @@ class Reconciler:
         if event_type == "DELETED":
             with self._guard:
                 self._written.pop(str(sandbox["metadata"]["uid"]), None)
-                self._starts.pop(str(sandbox["metadata"]["uid"]), None)
+                self._starting.pop(str(sandbox["metadata"]["uid"]), None)
 
     def reconcile(self, namespace: str, name: str) -> Observation | None:
         """Converge one Sandbox and write its status; None if it is gone or being
@@ -380,19 +394,28 @@ class Reconciler:
 
     def _pass(self, sandbox: Obj) -> Observation:
         seen = self.converge(sandbox)
+        if not self._quiet(sandbox, seen):
+            self.write_status(sandbox, seen)
+        return seen
+
+    def _quiet(self, sandbox: Obj, seen: Observation) -> bool:
+        """Whether this pass leaves the status unwritten: a Sandbox with none yet whose pod
+        this process made is starting as it should, and not for long. Its pod's events
+        bring the next passes, and a pass requested at its making comes when the quiet
+        ends (_create), so a slow start is reported then."""
         uid = str(sandbox["metadata"]["uid"])
         with self._guard:
-            unseen = uid in self._unseen
-            if unseen and not seen.ready:
-                self._starts.setdefault(uid, seen.start)
-        if unseen and not seen.ready:
-            # The pod was just made (or claimed) and its watch event, which brings a pass of
-            # its own, is on its way: that pass writes what the pod shows then. A status
-            # write here would say only "creating"; under a burst of creates the pod runs by
-            # the time its event is handled, so a create costs one status write, not two.
-            return seen
-        self.write_status(sandbox, seen)
-        return seen
+            starting = self._starting.get(uid)
+            if starting is None or sandbox.get("status") or uid in self._written:
+                return False
+            made, start = starting
+            if seen.phase != "Pending" or seen.reason not in STARTING:
+                return False
+            if time.monotonic() - made >= self.options.quiet_start_seconds:
+                return False
+            if seen.start is not None and start is None:
+                self._starting[uid] = (made, seen.start)
+            return True
 
     def converge(self, sandbox: Obj) -> Observation:
         namespace = sandbox["metadata"]["namespace"]
@@ -713,6 +736,11 @@ class Reconciler:
             raise
         with self._guard:
             self._unseen[uid] = pod
+            quiet = not sandbox.get("status") and uid not in self._written
+            if quiet:
+                self._starting[uid] = (time.monotonic(), None)
+        if quiet:  # the pass that reports a start still under way when the quiet ends
+            self.request_pass_later(pod, self.options.quiet_start_seconds)
         log.info("created pod %s for %s/%s", body["metadata"]["name"], namespace, sandbox["metadata"]["name"])
         return pod
 
@@ -752,13 +780,13 @@ class Reconciler:
         # it back: no other writer touches these fields.
         current = written if written is not None else (sandbox.get("status") or {})
         with self._guard:
-            start = self._starts.get(uid)
-        if seen.start is None and start is not None:
+            _, start = self._starting.get(uid, (0.0, None))
+        if seen.start is None and start is not None:  # from a quiet pass (_quiet)
             seen = dataclasses.replace(seen, start=start)
         wanted = status_for({**sandbox, "status": current}, seen)
         if _same_status(current, wanted):
             with self._guard:
-                self._starts.pop(uid, None)
+                self._starting.pop(uid, None)
             return
         try:
             self.kube.patch_sandbox_status(meta["namespace"], meta["name"], wanted)
@@ -768,7 +796,7 @@ class Reconciler:
             return
         with self._guard:
             self._written[uid] = wanted
-            self._starts.pop(uid, None)
+            self._starting.pop(uid, None)
 
     def finalize(self, namespace: str, name: str, uid: str, *, report: bool = True) -> bool:
         """Stop the Sandbox's pod; True once it is gone and the Sandbox may go too. With
@@ -788,7 +816,7 @@ class Reconciler:
             self._locks.pop(f"{namespace}/{name}", None)
             self._written.pop(uid, None)
             self._unseen.pop(uid, None)
-            self._starts.pop(uid, None)
+            self._starting.pop(uid, None)
         return True
 
     @contextmanager
@@ -876,6 +904,8 @@ class PodEvents:
         reconciler.request_pool_pass = lambda namespace, name: self.pool_queue.put(
             (namespace, name), (namespace, name)
         )
+        self.later: Later[Obj] = Later(lambda pod: self._queue("", pod))
+        reconciler.request_pass_later = lambda pod, delay: self.later.put(delay, pod)
         self.namespaces = list(namespaces)
         kube = reconciler.kube
         retry = reconciler.options.retry_seconds
@@ -943,9 +973,10 @@ class PodEvents:
     def running(self) -> Iterator[None]:
         stop = threading.Event()
         threads = [informer.start(stop, "informer") for informer in self.informers]
-        resync = threading.Thread(target=self._resync_pools, args=(stop,), name="pool-resync", daemon=True)
-        resync.start()
-        threads.append(resync)
+        for target, name in ((self._resync_pools, "pool-resync"), (self.later.run, "later")):
+            thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)
+            thread.start()
+            threads.append(thread)
         try:
             yield
         finally:

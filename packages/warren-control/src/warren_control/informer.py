@@ -10,8 +10,11 @@ how an object deleted while no watch ran leaves the store.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -211,3 +214,34 @@ class CoalescingQueue(Generic[K, T]):
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class Later(Generic[T]):
+    """Items handed to `then` once their delay has passed, all on the one thread that runs
+    `run`: a delayed pass for each of thousands of new objects costs no thread of its own."""
+
+    def __init__(self, then: Callable[[T], object]) -> None:
+        self._then = then
+        self._due: list[tuple[float, int, T]] = []
+        self._order = itertools.count()  # equal times never compare the items
+        self._changed = threading.Condition()
+
+    def put(self, delay: float, item: T) -> None:
+        with self._changed:
+            heapq.heappush(self._due, (time.monotonic() + delay, next(self._order), item))
+            self._changed.notify()
+
+    def run(self, stop: threading.Event) -> None:
+        """Hand over each item when due, until `stop` is set (what is still waiting then
+        is dropped: the resync covers it)."""
+        while not stop.is_set():
+            with self._changed:
+                wait = self._due[0][0] - time.monotonic() if self._due else 1.0
+                if wait > 0:
+                    self._changed.wait(min(wait, 1.0))  # wakes for `stop` at least each second
+                    continue
+                _, _, item = heapq.heappop(self._due)
+            try:
+                self._then(item)
+            except Exception:
+                log.exception("a delayed item failed")
