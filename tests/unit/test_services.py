@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from warren_common.testing import wait_for
 
 from warren.cli import main
 from warren.cluster.components import Health
@@ -78,8 +79,15 @@ def test_a_missing_environment_file_is_named_unless_optional(tmp_path: Path) -> 
 
 
 def environ_of(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+    """The service's environment once it runs its own program: until the new process execs,
+    /proc shows the environment it was forked with, without the unit's."""
+
+    def read() -> dict[str, str] | None:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        found = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+        return found if "ROTATES" in found else None
+
+    return wait_for(read, 10, f"process {pid} to run with the unit's environment", interval=0.05)
 
 
 def test_up_starts_leaves_restarts_and_down_stops(tmp_path: Path) -> None:
