@@ -50,6 +50,16 @@ KINDS: dict[tuple[str, str], ResourceFactory] = {
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
 }
 
+
+def _sandbox_pool(name: str, **fields: Any) -> pulumi.CustomResource:
+    """Warren's own kind: created after its CRD, which the objects before it include."""
+    return k8s.apiextensions.CustomResource(
+        name, api_version="warren.dev/v1alpha1", kind="SandboxPool", **fields
+    )
+
+
+KINDS[("warren.dev/v1alpha1", "SandboxPool")] = _sandbox_pool
+
 # Set by the SDK class itself (apiVersion, kind) or passed on its own (metadata).
 _HEADER = frozenset({"apiVersion", "kind", "metadata"})
 _CAMEL_BOUNDARY = re.compile(r"(?<!^)(?=[A-Z])")

@@ -288,6 +288,20 @@ LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 
+# The templates the control plane is given (--template): the ones a warm pool can serve.
+POOLED_TEMPLATES = ("base",)
+
+
+class PoolConfig(_Model):
+    """A warm pool for one template: ready gVisor pods, each with a new, empty workspace of
+    the API's default size, that a create of that template claims instead of starting a pod."""
+
+    # Ready pods to keep; each holds a little memory (tens of MiB, idle) and a workspace.
+    size: Annotated[int, Field(ge=0, le=1000)] = 2
+    # At most this many pods made per second while the pool refills.
+    refill_per_second: Annotated[float, Field(ge=0.1, le=100)] = 2.0
+
+
 class ServicesConfig(_Model):
     """Warren's own services as workloads in warren-system, rendered beside the floor: the
     control plane (a Deployment), warren-blockd with its CSI node plugin (a DaemonSet on the
@@ -307,6 +321,9 @@ class ServicesConfig(_Model):
     # hold many (100 for both: requests equal limits, the Guaranteed class).
     sandbox_cpu_request_percent: Annotated[int, Field(ge=1, le=100)] = 1
     sandbox_memory_request_percent: Annotated[int, Field(ge=1, le=100)] = 10
+    # Warm pools, by template: a SandboxPool each in the default sandbox namespace, and the
+    # control plane names it in the creates the template describes. {} for none.
+    pools: dict[str, PoolConfig] = Field(default_factory=lambda: {"base": PoolConfig()})
     # The nodes that run sandboxes (and so warren-blockd); empty: every node.
     sandbox_node_selector: dict[str, str] = Field(default_factory=dict)
     # embedded: SeaweedFS and PostgreSQL in warren-system, their credentials made by the
@@ -338,6 +355,16 @@ class ServicesConfig(_Model):
     # the edge's name and *.{sandbox_domain}: the edge serves HTTPS with it. Empty: HTTP
     # (behind the operator's own TLS terminator, or on a private network).
     edge_tls_secret: str = ""
+
+    @field_validator("pools")
+    @classmethod
+    def _pools(cls, value: dict[str, PoolConfig]) -> dict[str, PoolConfig]:
+        for name in value:
+            if name not in POOLED_TEMPLATES:
+                raise ValueError(
+                    f"no template {name!r} to keep a pool of: name one of {', '.join(POOLED_TEMPLATES)}"
+                )
+        return value
 
     @field_validator("sandbox_domain")
     @classmethod

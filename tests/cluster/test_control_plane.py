@@ -17,8 +17,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from warren_common.testing import wait_for
 
 from warren.config import ClusterConfig
 
@@ -147,6 +149,63 @@ def test_acceptance_path_through_the_cli(
         gone = sandbox(env, "get", sandbox_id)
         assert gone.returncode == 1 and gone.stderr.decode().startswith("error: not_found:"), gone.stderr
     assert ok(sandbox(env, "--json", "list")) == ""
+
+
+def pool(env: dict[str, str], state: Path) -> dict[str, Any]:
+    kubeconfig = str(state / "admin.kubeconfig")
+    found = ok(
+        run(
+            env,
+            "kubectl",
+            "--kubeconfig",
+            kubeconfig,
+            "-n",
+            "warren-sandboxes",
+            "get",
+            "sandboxpool",
+            "base",
+            "-o",
+            "json",
+        )
+    )
+    got: dict[str, Any] = json.loads(found)
+    return got
+
+
+def full(env: dict[str, str], state: Path) -> dict[str, Any] | None:
+    found = pool(env, state)
+    return found if (found.get("status") or {}).get("ready") == found["spec"]["size"] else None
+
+
+def test_a_create_of_the_base_template_claims_a_warm_pod_with_a_new_workspace_of_its_own(
+    env: dict[str, str], state: Path, settings: ClusterConfig, made: list[str]
+) -> None:
+    """The deployment keeps a pool of the base template (services.pools): a create of base's
+    image and size claims one of its ready pods, is bound to that pod's new, empty workspace,
+    writes to it and forks it like any other sandbox; the pool refills."""
+    if not settings.sandbox_workspaces:
+        pytest.skip("the pool's pods carry workspaces, which this deployment does not have")
+    image = wait_for(lambda: full(env, state), 300, "the base pool to be full")["spec"]["image"]
+    box = json.loads(ok(sandbox(env, "--json", "create", image)))
+    made.append(box["id"])
+    seen = json.loads(ok(sandbox(env, "get", box["id"])))
+    (claimed,) = [c for c in seen["conditions"] if c["type"] == "PoolClaimed"]
+    assert (claimed["status"], claimed["reason"]) == ("True", "Claimed"), seen
+    assert seen["workspace_id"], seen
+    # Nothing of anyone before: a new ext4 file system, on the workspace's own device.
+    listed = ok(sandbox(env, "exec", box["id"], "--", "ls", "-A", "/workspace")).split()
+    assert listed in ([], ["lost+found"]), listed
+    note = b"written in a claimed pool pod\n"
+    ok(sandbox(env, "write-file", box["id"], "/workspace/note", stdin=note))
+    (child,) = ok(sandbox(env, "fork", box["id"])).split()
+    made.append(child)
+    assert read(env, child, "/workspace/note") == note
+    child_seen = json.loads(ok(sandbox(env, "get", child)))
+    assert child_seen["workspace_id"] not in (None, seen["workspace_id"])
+    wait_for(lambda: full(env, state), 300, "the base pool to refill")
+    for sandbox_id in (child, box["id"]):
+        ok(sandbox(env, "delete", sandbox_id))
+        made.remove(sandbox_id)
 
 
 def test_an_image_the_node_lacks_is_never_pulled(env: dict[str, str], made: list[str]) -> None:

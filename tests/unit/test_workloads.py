@@ -283,3 +283,34 @@ def test_a_rebuilt_control_image_gets_an_install_job_of_its_own() -> None:
     assert job({"image_digests": {"warren-control": second}}) != pinned
     long_tag = job({"image_tag": "v" + "9" * 127, "image_digests": {"warren-control": first}})
     assert len(long_tag) <= 63 and not long_tag.endswith("-"), long_tag
+
+
+def test_a_pool_per_configured_template_and_the_control_plane_names_it() -> None:
+    config = parse_config({"services": {"pools": {"base": {"size": 5, "refill_per_second": 3}}}})
+    (pool,) = [o for o in render(config) if o["kind"] == "SandboxPool"]
+    assert pool["metadata"] == {**pool["metadata"], "name": "base", "namespace": "warren-sandboxes"}
+    control = named(workloads({"pools": {"base": {}}}), "Deployment", "warren-control")
+    args = control["spec"]["template"]["spec"]["containers"][0]["args"]
+    # The pool's pods are what a create of the template asks for: its image, its size and
+    # a new workspace of the API's default size.
+    base = next(a for a in args if a.startswith("--template=base=")).split("=", 2)[2]
+    assert pool["spec"] == {
+        "image": base,
+        "resources": {"cpu": "1", "memory": "1Gi"},
+        "workspace": {"size": "10Gi"},
+        "size": 5,
+        "refillPerSecond": 3.0,
+    }
+    assert "--pool=base" in args
+    none = parse_config({"services": {"pools": {}}})
+    assert not [o for o in render(none) if o["kind"] == "SandboxPool"]
+    assert (
+        "--pool=base"
+        not in named(workloads({"pools": {}}), "Deployment", "warren-control")["spec"]["template"]["spec"][
+            "containers"
+        ][0]["args"]
+    )
+    with pytest.raises(ConfigError, match=r"no template 'big' to keep a pool of: name one of base"):
+        parse_config({"services": {"pools": {"big": {}}}})
+    with pytest.raises(ConfigError, match=r"services\.pools\.base\.size"):
+        parse_config({"services": {"pools": {"base": {"size": -1}}}})

@@ -235,3 +235,22 @@ def test_an_organizations_reservation_reaches_its_new_sandboxes_pods(
     assert resource_for(record, "ns", b"k" * 32)["spec"]["reservation"] == {"cpuPercent": 2}
     assert "reservation" not in child.spec
     assert "reservation" not in resource_for(child, "ns", b"k" * 32)["spec"]
+
+
+def test_set_pool_cap_sets_and_clears_an_organizations_cap(
+    records_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    upgrade(records_url)
+    org_id = run(capsys, records_url, "create-org", "capped")[1].strip()
+    code, out, err = run(capsys, records_url, "set-pool-cap", "capped", "3")
+    assert (code, out.strip()) == (0, org_id) and "at most 3 at once" in err
+    sessions = session_factory(make_engine(records_url))
+    with sessions() as session:
+        assert admin.find_org(session, org_id).pool_sandboxes_max == 3
+    code, _, err = run(capsys, records_url, "set-pool-cap", "capped", "none")
+    assert code == 0 and "as many as the pools have" in err
+    with sessions() as session:
+        assert admin.find_org(session, org_id).pool_sandboxes_max is None
+    with pytest.raises(SystemExit):
+        run(capsys, records_url, "set-pool-cap", "capped", "-1")
+    assert "is not a number of sandboxes (0 or more) or none" in capsys.readouterr().err

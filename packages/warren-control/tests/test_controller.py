@@ -54,6 +54,7 @@ class FakeKube(Kube):
         self.hide_next_read = False  # a create raced by another pass: read misses, create 409s
         self.lists = 0
         self.pod_patches = 0
+        self.spec_patches = 0
         self.pool_status: dict[str, Obj] = {}
         self._uids = 0
         self._versions = 0
@@ -155,6 +156,20 @@ class FakeKube(Kube):
         self.reads += 1
         obj = self.sandboxes.get(name)
         return copy.deepcopy(obj) if obj else None
+
+    def patch_sandbox(self, namespace: str, name: str, patch: Obj) -> Obj:
+        """A merge patch of spec.workspace, refused as the CRD's rule refuses it once the id is set."""
+        obj = self.sandboxes.get(name)
+        if obj is None:
+            raise api_error(404, "not found")
+        workspace = obj["spec"].setdefault("workspace", {})
+        wanted = patch["spec"]["workspace"]
+        if workspace.get("id") and wanted.get("id") != workspace["id"]:
+            raise api_error(422, "spec.workspace.id cannot change once bound")
+        self.spec_patches += 1
+        workspace.update(copy.deepcopy(wanted))
+        obj["metadata"]["generation"] += 1
+        return copy.deepcopy(obj)
 
     def patch_sandbox_status(self, namespace: str, name: str, status: Obj) -> Obj:
         if name not in self.sandboxes:

@@ -37,11 +37,11 @@ from e2b.exceptions import (
     SandboxNotFoundException,
     SandboxNotRunningException,
 )
-from warren_control import keys, store
+from warren_control import admin, keys, store
 from warren_control.api import Cluster
 from warren_control.models import Sandbox as Record
 from warren_control.models import SandboxPhase, utcnow
-from warren_control.podspec import AGENT_PORT, pod_name
+from warren_control.podspec import AGENT_PORT, POOL_SKIPPED_ANNOTATION, pod_name
 from warren_control.reaper import Reaper
 from warren_control.templates import Template
 
@@ -577,3 +577,78 @@ def test_a_create_its_pooled_template_describes_names_the_pool(stack_url: str, s
             )
         ]
         assert pools == ["base", None, "base", None, "base"]
+
+
+def test_a_pooled_create_leaves_its_workspace_to_be_bound_and_a_fork_waits_for_it(
+    stack_url: str, standin: StandIn
+) -> None:
+    """A pooled template's new, empty workspace is the controller's to bind (to the claimed
+    pool pod's workspace, or a new one): the resource asks for it with an empty id, the
+    record learns it from the resource, and a fork made before that waits for it."""
+    with serve_stack(
+        stack_url, standin, templates=TEMPLATES, pools=frozenset({"base"}), start_wait_s=0
+    ) as pooled:
+        org = new_org(pooled)
+        headers = {"X-API-Key": org.key}
+        body = {"image": IMAGE, "cpu_millis": 1000, "memory_mib": 1024}
+        made = httpx.post(f"{pooled.edge}/v1/sandboxes", json=body, headers=headers)
+        assert made.status_code == 201, made.text
+        parent = made.json()
+        assert parent["workspace_id"] is None
+        name = record(pooled, parent["id"].removeprefix("sbx_")).object_name
+        assert standin.get(name)["spec"]["workspace"] == {"id": "", "size": "10Gi"}
+
+        def bind() -> None:  # what the controller does once it claims or starts a pod
+            time.sleep(0.5)
+            with standin.lock:
+                standin.objects[(NAMESPACE, name)]["spec"]["workspace"]["id"] = "ws_bound"
+
+        binder = threading.Thread(target=bind)
+        binder.start()
+        forked = httpx.post(
+            f"{pooled.edge}/v1/sandboxes/{parent['id']}/fork", json={"count": 1}, headers=headers, timeout=60
+        )
+        binder.join()
+        assert forked.status_code == 200, forked.text
+        (child,) = forked.json()["results"]
+        child_name = record(pooled, child["sandbox"]["id"].removeprefix("sbx_")).object_name
+        # A fork's workspace is not the pool's to bind: its id is chosen with it.
+        child_workspace = standin.get(child_name)["spec"]["workspace"]
+        assert child_workspace["forkOf"] == "ws_bound"
+        assert child_workspace["id"] == child["sandbox"]["workspace_id"] != ""
+        seen = httpx.get(f"{pooled.edge}/v1/sandboxes/{parent['id']}", headers=headers).json()
+        assert seen["workspace_id"] == "ws_bound"
+
+
+def test_an_organization_at_its_pool_cap_starts_cold_and_its_sandbox_says_why(
+    stack_url: str, standin: StandIn
+) -> None:
+    with serve_stack(
+        stack_url, standin, templates=TEMPLATES, pools=frozenset({"base"}), start_wait_s=0
+    ) as pooled:
+        org = new_org(pooled)
+        with pooled.sessions.begin() as session:
+            admin.set_pool_cap(session, org.id, 1)
+        headers = {"X-API-Key": org.key}
+        body = {"image": IMAGE, "cpu_millis": 1000, "memory_mib": 1024}
+        first, second = (
+            httpx.post(f"{pooled.edge}/v1/sandboxes", json=body, headers=headers) for _ in range(2)
+        )
+        assert (first.status_code, second.status_code) == (201, 201), second.text
+        objects = [
+            standin.get(record(pooled, made.json()["id"].removeprefix("sbx_")).object_name)
+            for made in (first, second)
+        ]
+        assert objects[0]["spec"]["pool"] == "base"
+        assert "pool" not in objects[1]["spec"]
+        said = objects[1]["metadata"]["annotations"][POOL_SKIPPED_ANNOTATION]
+        assert said == "the organization holds 1 sandboxes from warm pools, its cap of 1"
+        # Its workspace is not the pool's to bind: chosen with the record.
+        assert objects[1]["spec"]["workspace"]["id"] == second.json()["workspace_id"] != ""
+        # Another organization is not held to it.
+        other = new_org(pooled)
+        third = httpx.post(f"{pooled.edge}/v1/sandboxes", json=body, headers={"X-API-Key": other.key})
+        assert (
+            standin.get(record(pooled, third.json()["id"].removeprefix("sbx_")).object_name)["spec"]["pool"]
+            == "base"
+        )

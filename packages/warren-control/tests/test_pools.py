@@ -17,11 +17,19 @@ from warren_control.kube import Obj
 from warren_control.podspec import (
     CLAIMED_FROM_ANNOTATION,
     POOL_LABEL,
+    POOL_SKIPPED_ANNOTATION,
     SANDBOX_UID_LABEL,
+    SPEC_HASH_ANNOTATION,
+    WORKSPACE_LABEL,
     PodOptions,
+    blockd_volume,
+    claim_patch,
     controller_uid,
     pod_name,
+    pod_workspace_id,
     pool_of,
+    spec_hash,
+    with_workspace_id,
 )
 
 
@@ -186,7 +194,7 @@ def test_an_empty_pool_means_a_cold_start_that_says_so() -> None:
         ({"pool": "base", "image": "alpine"}, "PoolMismatch"),
         ({"pool": "base", "resources": {"cpu": "2"}}, "PoolMismatch"),
         ({"pool": "base", "resources": {"cpu": "1000m", "memory": "1Gi"}}, "Claimed"),
-        ({"pool": "base", "workspace": {"id": "w1"}}, "PoolMismatch"),
+        ({"pool": "base", "workspace": {"id": "w1"}}, "Claimed"),  # no workspace layer: no volume
         ({"pool": "base", "reservation": {"cpuPercent": 50}}, "PoolMismatch"),
         ({}, "NoPool"),
     ],
@@ -303,3 +311,133 @@ def test_an_agent_that_refuses_the_claim_costs_its_pod_and_the_sandbox_starts_co
         kube.pods[pod_name(sbx["metadata"]["uid"])]["metadata"]["labels"][SANDBOX_UID_LABEL]
         == sbx["metadata"]["uid"]
     )
+
+
+# --- pools whose pods come with a new, empty workspace -------------------------------------
+
+WITH_WORKSPACES = ControllerOptions(quiet_start_seconds=0, workspace=blockd_volume)
+NEW_WORKSPACE = {"id": "", "size": "10Gi"}
+
+
+def test_each_pool_pod_mounts_a_workspace_of_its_own() -> None:
+    kube, reconciler = fresh(WITH_WORKSPACES)
+    add_pool(kube, reconciler, workspace={"size": "10Gi"})
+    pods = fill(kube, reconciler)
+    found = [pod_workspace_id(pod) for pod in pods]
+    assert all(found) and len(set(found)) == 3
+    for pod, workspace_id in zip(pods, found, strict=True):
+        assert pod["metadata"]["labels"][WORKSPACE_LABEL] == workspace_id
+        (volume,) = pod["spec"]["volumes"]
+        assert volume["csi"]["volumeAttributes"] == {"workspace": workspace_id, "size": "10Gi"}
+        assert pod["spec"]["containers"][0]["volumeMounts"][0]["mountPath"] == "/workspace"
+
+
+def test_a_claim_binds_the_sandbox_to_its_pods_workspace_in_three_writes() -> None:
+    kube, reconciler = fresh(WITH_WORKSPACES)
+    add_pool(kube, reconciler, workspace={"size": "10Gi"})
+    fill(kube, reconciler)
+    kube.add_sandbox("a", pool="base", workspace=dict(NEW_WORKSPACE))
+    remember_all(reconciler, kube)
+    creates = kube.creates
+    seen = reconciler.reconcile(NS, "a")
+    assert seen is not None and seen.phase == "Running"
+    (pod,) = [p for p in kube.pods.values() if controller_uid(p) == kube.sandboxes["a"]["metadata"]["uid"]]
+    bound = kube.sandboxes["a"]["spec"]["workspace"]
+    assert bound == {"id": pod_workspace_id(pod), "size": "10Gi"}
+    assert pod["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == spec_hash(kube.sandboxes["a"])
+    assert started(kube.status("a"))[:2] == ("pool", "Claimed")
+    # The claim, the binding and the status: nothing made.
+    assert (kube.creates - creates, kube.pod_patches, kube.spec_patches, kube.status_patches) == (0, 1, 1, 1)
+    # The next passes keep the pod, whether or not the watch has shown the binding yet.
+    reconciler.reconcile(NS, "a")
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    assert "deletionTimestamp" not in kube.pods[pod["metadata"]["name"]]["metadata"]
+    assert kube.spec_patches == 1
+
+
+def test_concurrent_claims_bind_distinct_workspaces() -> None:
+    kube, reconciler = fresh(WITH_WORKSPACES)
+    add_pool(kube, reconciler, workspace={"size": "10Gi"})
+    fill(kube, reconciler)
+    for name in ("a", "b", "c"):
+        kube.add_sandbox(name, pool="base", workspace=dict(NEW_WORKSPACE))
+    remember_all(reconciler, kube)
+    for name in ("a", "b", "c"):
+        reconciler.reconcile(NS, name)
+    bound = [kube.sandboxes[name]["spec"]["workspace"]["id"] for name in ("a", "b", "c")]
+    assert all(bound) and len(set(bound)) == 3
+    assert all(started(kube.status(name))[0] == "pool" for name in ("a", "b", "c"))
+
+
+def test_a_cold_start_binds_a_new_workspace_before_its_pod_is_made() -> None:
+    kube, reconciler = fresh(WITH_WORKSPACES)
+    add_pool(kube, reconciler, size=0, workspace={"size": "10Gi"})
+    sbx = kube.add_sandbox("a", pool="base", workspace=dict(NEW_WORKSPACE))
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    assert started(kube.status("a"))[:2] == ("cold", "PoolEmpty")
+    bound = kube.sandboxes["a"]["spec"]["workspace"]["id"]
+    assert bound.startswith("ws_")
+    assert pod_workspace_id(kube.pods[pod_name(sbx["metadata"]["uid"])]) == bound
+    assert (kube.creates, kube.spec_patches, kube.status_patches) == (1, 1, 1)
+
+
+def test_a_claim_whose_binding_a_crash_lost_is_bound_from_the_pod_and_kept() -> None:
+    kube, reconciler = fresh(WITH_WORKSPACES)
+    add_pool(kube, reconciler, size=1, workspace={"size": "10Gi"})
+    (pod,) = fill(kube, reconciler)
+    sbx = kube.add_sandbox("a", pool="base", workspace=dict(NEW_WORKSPACE))
+    workspace_id = str(pod_workspace_id(pod))
+    # The claim landed, and the controller stopped before it wrote the binding.
+    kube.patch_pod(
+        NS, pod["metadata"]["name"], claim_patch(with_workspace_id(sbx, workspace_id), pod, "base")
+    )
+    restarted = Reconciler(kube, WITH_WORKSPACES)
+    remember_all(restarted, kube)
+    restarted.reconcile(NS, "a")
+    assert kube.sandboxes["a"]["spec"]["workspace"]["id"] == workspace_id
+    assert "deletionTimestamp" not in kube.pods[pod["metadata"]["name"]]["metadata"]
+    assert kube.status("a")["podName"] == pod["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    ("workspace", "pool_workspace", "reason", "says"),
+    [
+        (NEW_WORKSPACE, {"size": "10240Mi"}, "Claimed", ""),
+        ({"id": "", "size": "20Gi"}, {"size": "10Gi"}, "PoolMismatch", "workspace size differs"),
+        ({"id": "ws_made", "size": "10Gi"}, {"size": "10Gi"}, "PoolMismatch", "already made"),
+        ({"id": "ws_child", "forkOf": "ws_parent"}, {"size": "10Gi"}, "PoolMismatch", "is a fork"),
+        (None, {"size": "10Gi"}, "PoolMismatch", "this sandbox has none"),
+        (NEW_WORKSPACE, None, "PoolMismatch", "have no workspace"),
+    ],
+)
+def test_only_a_new_workspace_of_the_pools_size_fits_its_pods(
+    workspace: Obj | None, pool_workspace: Obj | None, reason: str, says: str
+) -> None:
+    kube, reconciler = fresh(WITH_WORKSPACES)
+    add_pool(kube, reconciler, **({"workspace": pool_workspace} if pool_workspace else {}))
+    fill(kube, reconciler)
+    kube.add_sandbox("a", pool="base", **({"workspace": dict(workspace)} if workspace else {}))
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    _, found, message = started(kube.status("a"))
+    assert found == reason and says in message
+
+
+def test_a_sandbox_its_organizations_cap_kept_from_the_pool_says_so() -> None:
+    kube, reconciler = fresh()
+    add_pool(kube, reconciler)
+    fill(kube, reconciler)
+    sbx = kube.add_sandbox("a")
+    sbx["metadata"]["annotations"] = {
+        POOL_SKIPPED_ANNOTATION: "the organization holds 3 sandboxes from warm pools, its cap of 3"
+    }
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    assert started(kube.status("a")) == (
+        "cold",
+        "OrganizationCap",
+        sbx["metadata"]["annotations"][POOL_SKIPPED_ANNOTATION],
+    )
+    assert kube.pod_patches == 0

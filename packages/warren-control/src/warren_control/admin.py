@@ -90,6 +90,17 @@ def set_reservation(
     return org
 
 
+def set_pool_cap(session: Session, org_ref: str, most: int | None) -> Organization:
+    """How many of the organization's sandboxes may come from warm pools at once (None: no
+    cap of its own). Sandboxes already made keep their pods."""
+    if most is not None and most < 0:
+        raise AdminError(f"the pool cap is {most}: give 0 or more (0: every create starts cold), or none")
+    org = find_org(session, org_ref)
+    org.pool_sandboxes_max = most
+    session.flush()
+    return org
+
+
 def find_org(session: Session, ref: str) -> Organization:
     """An organization by its id or its name."""
     org = store.get_org(session, ref) or store.get_org_by_name(session, ref)

@@ -5,6 +5,8 @@
         [--quota-memory-mib N] [--idle-timeout S] [--max-lifetime S] [--may-persist]
     warren-control admin set-reservation ORG [--cpu-percent N] [--memory-percent N]
                                    what its new sandboxes reserve of their size (unset: the default)
+    warren-control admin set-pool-cap ORG N|none
+                                   how many of its sandboxes may come from warm pools at once
     warren-control admin issue-key ORG USER [--scope S]... [--e2b]
                                    prints the key, the only time it is shown (--e2b: as e2b_<hex>)
     warren-control admin revoke-key KEY                      a key id, or the whole key
@@ -123,6 +125,18 @@ def admin_set_reservation(args: argparse.Namespace) -> int:
     return 0
 
 
+def admin_set_pool_cap(args: argparse.Namespace) -> int:
+    from warren_control import admin
+
+    with _session(args) as session:
+        org = admin.set_pool_cap(session, args.org, None if args.most == "none" else int(args.most))
+        most = org.pool_sandboxes_max
+    print(org.id)
+    said = "as many as the pools have" if most is None else f"at most {most}"
+    print(f"its sandboxes from warm pools: {said} at once; past that, creates start cold", file=sys.stderr)
+    return 0
+
+
 def admin_issue_key(args: argparse.Namespace) -> int:
     from warren_control import admin
 
@@ -221,6 +235,12 @@ def add_admin_parser(commands: Any) -> None:
             help=f"reserve N%% of each sandbox's {kind} (1 to 100; unset: the deployment's default)",
         )
 
+    cap = action(
+        "set-pool-cap", admin_set_pool_cap, "how many of an organization's sandboxes may come from warm pools"
+    )
+    cap.add_argument("org", help="organization id or name")
+    cap.add_argument("most", type=_cap, help="a number (0: every create starts cold), or none for no cap")
+
     issue = action("issue-key", admin_issue_key, "issue an API key for a user; prints it, once")
     issue.add_argument("org", help="organization id or name")
     issue.add_argument("user", help="the user's subject (made a user of the organization if new)")
@@ -237,3 +257,9 @@ def add_admin_parser(commands: Any) -> None:
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
 
     admin.set_defaults(handler=cmd_admin)
+
+
+def _cap(text: str) -> str:
+    if text != "none" and not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of sandboxes (0 or more) or none")
+    return text

@@ -42,7 +42,7 @@ from typing import Any, Literal, cast
 
 import kopf
 
-from warren_control import agentclient, leader
+from warren_control import agentclient, ids, leader
 from warren_control.informer import CoalescingQueue, Informer, Later, Store
 from warren_control.kube import ApiException, Kube, Obj, error_message
 from warren_control.podspec import (
@@ -53,6 +53,7 @@ from warren_control.podspec import (
     MANAGED_BY_LABEL,
     PLURAL,
     POOL_LABEL,
+    POOL_SKIPPED_ANNOTATION,
     SANDBOX_UID_LABEL,
     SPEC_HASH_ANNOTATION,
     VERSION,
@@ -66,6 +67,7 @@ from warren_control.podspec import (
     controller_uid,
     pod_for,
     pod_name,
+    pod_workspace_id,
     pool_hash,
     pool_misfit,
     pool_of,
@@ -74,6 +76,8 @@ from warren_control.podspec import (
     pool_refill_per_second,
     pool_size,
     spec_hash,
+    unbound,
+    with_workspace_id,
 )
 
 log = logging.getLogger(__name__)
@@ -393,7 +397,7 @@ class Reconciler:
             return self._pass(sandbox)
 
     def _pass(self, sandbox: Obj) -> Observation:
-        seen = self.converge(sandbox)
+        sandbox, seen = self.converge(sandbox)
         if not self._quiet(sandbox, seen):
             self.write_status(sandbox, seen)
         return seen
@@ -417,7 +421,9 @@ class Reconciler:
                 self._starting[uid] = (made, seen.start)
             return True
 
-    def converge(self, sandbox: Obj) -> Observation:
+    def converge(self, sandbox: Obj) -> tuple[Obj, Observation]:
+        """Bring the Sandbox's pod to what its spec says: (the Sandbox, its workspace bound if
+        this pass bound it; what the cluster shows)."""
         namespace = sandbox["metadata"]["namespace"]
         uid = str(sandbox["metadata"]["uid"])
         # Never the pod of the event that triggered this pass: a pass from another trigger
@@ -428,12 +434,16 @@ class Reconciler:
             if not _terminating(extra):  # one pod per Sandbox, whatever raced
                 self._delete(extra)
         name = pod["metadata"]["name"] if pod is not None else pod_name(uid)
+        if pod is not None and self._workspaces and unbound(sandbox) and (found := pod_workspace_id(pod)):
+            # A claimed pool pod whose binding a crash (or a watch still behind) kept from
+            # the spec: the pod is the Sandbox's, and so is its workspace.
+            sandbox = self._bind(sandbox, found)
 
         if _stopped(sandbox):
             if pod is not None and not _terminating(pod):
                 pod = self._delete(pod)
                 log.info("stopping %s/%s: deleted pod %s", namespace, sandbox["metadata"]["name"], name)
-            return observe(sandbox, pod)
+            return sandbox, observe(sandbox, pod)
 
         if pod is not None and not _terminating(pod):
             annotations = pod["metadata"].get("annotations") or {}
@@ -449,28 +459,28 @@ class Reconciler:
                 )
         start: Obj | None = None
         if pod is None:
-            pod, start = self._claim(sandbox)
+            sandbox, pod, start = self._claim(sandbox)
         if pod is None:
+            if self._workspaces and unbound(sandbox):
+                sandbox = self._bind(sandbox, ids.new_workspace_id())
             created = self._create(sandbox)
             if isinstance(created, Observation):
-                return created
+                return sandbox, created
             pod = created
-        return dataclasses.replace(observe(sandbox, pod), pod=pod["metadata"]["name"], start=start)
+        return sandbox, dataclasses.replace(observe(sandbox, pod), pod=pod["metadata"]["name"], start=start)
 
-    def _claim(self, sandbox: Obj) -> tuple[Obj | None, Obj]:
-        """A ready pod of the pool the Sandbox names, made its own; else None and why the
-        Sandbox starts cold. The server applies a claim only to the pod's version that was
-        chosen, so a pod goes to one Sandbox even if two controllers raced for it."""
+    def _claim(self, sandbox: Obj) -> tuple[Obj, Obj | None, Obj]:
+        """(the Sandbox, bound to the claimed pod's workspace if it has one; a ready pod of
+        the pool the Sandbox names, made its own, else None; the PoolClaimed condition: how it
+        was claimed, or why the Sandbox starts cold). The server applies a claim only to the
+        pod's version that was chosen, so a pod goes to one Sandbox even if two controllers
+        raced for it."""
         namespace = sandbox["metadata"]["namespace"]
         uid = str(sandbox["metadata"]["uid"])
-        pool_name = (sandbox.get("spec") or {}).get("pool")
-        if not pool_name:
-            return None, _cold("NoPool", "the sandbox names no pool")
-        pool = self.pools.get(namespace, str(pool_name))
-        if pool is None or _terminating(pool):
-            return None, _cold("PoolNotFound", f"no SandboxPool {pool_name} in {namespace}")
-        if misfit := pool_misfit(sandbox, pool, self.options.pod):
-            return None, _cold("PoolMismatch", misfit)
+        pool, cold = self._pool_for(sandbox)
+        if pool is None:
+            return sandbox, None, cold
+        pool_name = pool["metadata"]["name"]
         attempts = 0
         for candidate in self._ready_pool_pods(pool):
             name = candidate["metadata"]["name"]
@@ -479,10 +489,11 @@ class Reconciler:
                     continue
                 self._taken.add((namespace, name))
             attempts += 1
+            workspace_id = pod_workspace_id(candidate) if self._workspaces else None
+            # The pod's spec hash is the bound Sandbox's, so the passes after keep it.
+            owner = with_workspace_id(sandbox, workspace_id) if workspace_id else sandbox
             try:
-                claimed = self.kube.patch_pod(
-                    namespace, name, claim_patch(sandbox, candidate, str(pool_name))
-                )
+                claimed = self.kube.patch_pod(namespace, name, claim_patch(owner, candidate, str(pool_name)))
             except ApiException as exc:
                 with self._guard:
                     self._taken.discard((namespace, name))  # not ours: the watch shows what became of it
@@ -497,19 +508,45 @@ class Reconciler:
                 # The pod is the Sandbox's but its agent would not serve it: it goes, and
                 # the Sandbox starts cold.
                 self.kube.delete_pod(namespace, name, uid=claimed["metadata"]["uid"])
-                return None, _cold("ClaimFailed", f"the agent of pool {pool_name}'s pod refused: {refused}")
+                return (
+                    sandbox,
+                    None,
+                    _cold("ClaimFailed", f"the agent of pool {pool_name}'s pod refused: {refused}"),
+                )
+            if workspace_id:
+                sandbox = self._bind(sandbox, workspace_id)
             with self._guard:
                 self._unseen[uid] = claimed
             log.info(
                 "claimed pod %s of pool %s for %s/%s", name, pool_name, namespace, sandbox["metadata"]["name"]
             )
-            return claimed, {
-                "type": POOL_CONDITION,
-                "status": "True",
-                "reason": "Claimed",
-                "message": f"claimed a ready pod of pool {pool_name}",
-            }
-        return None, _cold("PoolEmpty", f"pool {pool_name} had no ready pod")
+            return (
+                sandbox,
+                claimed,
+                {
+                    "type": POOL_CONDITION,
+                    "status": "True",
+                    "reason": "Claimed",
+                    "message": f"claimed a ready pod of pool {pool_name}",
+                },
+            )
+        return sandbox, None, _cold("PoolEmpty", f"pool {pool_name} had no ready pod")
+
+    def _pool_for(self, sandbox: Obj) -> tuple[Obj | None, Obj]:
+        """(the pool the Sandbox may claim from, or None and why it starts cold)."""
+        namespace = sandbox["metadata"]["namespace"]
+        pool_name = (sandbox.get("spec") or {}).get("pool")
+        if not pool_name:
+            skipped = (sandbox["metadata"].get("annotations") or {}).get(POOL_SKIPPED_ANNOTATION)
+            if skipped:
+                return None, _cold("OrganizationCap", str(skipped))
+            return None, _cold("NoPool", "the sandbox names no pool")
+        pool = self.pools.get(namespace, str(pool_name))
+        if pool is None or _terminating(pool):
+            return None, _cold("PoolNotFound", f"no SandboxPool {pool_name} in {namespace}")
+        if misfit := pool_misfit(sandbox, pool, self.options.pod, workspaces=self._workspaces):
+            return None, _cold("PoolMismatch", misfit)
+        return pool, {}
 
     def _claim_token(self, pod_name: str) -> str:
         return hmac.new(self._claim_key, pod_name.encode(), hashlib.sha256).hexdigest()
@@ -623,6 +660,36 @@ class Reconciler:
             self._pool_creating[uid] = waiting
         return [pod for _, pod in waiting.values()]
 
+    def _pool_workspace(self, pool: Obj) -> tuple[str, Obj] | None:
+        """(id, volume source) of a new, empty workspace for a pool pod, if the pool's pods
+        have one."""
+        workspace = (pool.get("spec") or {}).get("workspace")
+        if not workspace or not self._workspaces:
+            return None
+        workspace_id = ids.new_workspace_id()
+        volume = self.options.workspace({"spec": {"workspace": {**workspace, "id": workspace_id}}})
+        return (workspace_id, volume) if volume is not None else None
+
+    @property
+    def _workspaces(self) -> bool:
+        return self.options.workspace is not no_workspace
+
+    def _bind(self, sandbox: Obj, workspace_id: str) -> Obj:
+        """Bind the Sandbox's new workspace to `workspace_id` for good (spec.workspace.id,
+        which the CRD keeps from changing once set); the Sandbox as it is now."""
+        meta = sandbox["metadata"]
+        try:
+            bound = self.kube.patch_sandbox(
+                meta["namespace"], meta["name"], {"spec": {"workspace": {"id": workspace_id}}}
+            )
+        except ApiException as exc:
+            if exc.status != HTTPStatus.NOT_FOUND:
+                raise
+            return with_workspace_id(sandbox, workspace_id)  # gone: its pod goes with it
+        self.sandboxes.apply("MODIFIED", bound)
+        log.info("bound %s/%s to workspace %s", meta["namespace"], meta["name"], workspace_id)
+        return bound
+
     def _refill(self, pool: Obj, missing: int) -> None:
         """Make up to `missing` pods, as many as the pool's refill rate allows now; the rest
         on a later pass, when the rate allows them."""
@@ -638,7 +705,13 @@ class Reconciler:
         for _ in range(allowed):
             name = pool_pod_name(str(meta["name"]), secrets.token_hex(5))
             claim_sha256 = hashlib.sha256(self._claim_token(name).encode()).hexdigest()
-            body = pool_pod_for(pool, name=name, claim_sha256=claim_sha256, options=self.options.pod)
+            body = pool_pod_for(
+                pool,
+                name=name,
+                claim_sha256=claim_sha256,
+                options=self.options.pod,
+                workspace=self._pool_workspace(pool),
+            )
             try:
                 pod = self.kube.create_pod(meta["namespace"], body)
             except ApiException as exc:

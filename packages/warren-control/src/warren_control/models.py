@@ -120,6 +120,9 @@ class Organization(Base):
     # the deployment's default (the controller's --cpu/memory-request-percent).
     cpu_request_percent: Mapped[int | None] = mapped_column(Integer, nullable=True)
     memory_request_percent: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # How many of its sandboxes may come from warm pools at once (None: as many as the pools
+    # have), so one organization cannot take every ready pod; past it, creates start cold.
+    pool_sandboxes_max: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

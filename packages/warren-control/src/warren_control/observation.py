@@ -132,4 +132,9 @@ def converge(
     if location is not None and location != record.location:
         record.location = location
         changed = True
+    # A workspace bound when the sandbox started (a pool pod's, or a new one): recorded once.
+    bound = ((obj.get("spec") or {}).get("workspace") or {}).get("id")
+    if bound and not record.workspace_id:
+        record.workspace_id = str(bound)
+        changed = True
     return changed

@@ -39,6 +39,9 @@ SPEC_HASH_ANNOTATION = "warren.dev/spec-hash"
 # from. A pool pod is claimed once, by one Sandbox, and goes with it: never back to a pool.
 POOL_LABEL = "warren.dev/pool"
 CLAIMED_FROM_ANNOTATION = "warren.dev/claimed-from"
+# Why the API named no pool for a Sandbox its template's pool would have served (its
+# organization's cap): the controller says so in PoolClaimed instead of "no pool".
+POOL_SKIPPED_ANNOTATION = "warren.dev/pool-skipped"
 POOL_POD_PREFIX = "pool-"
 DEFAULT_POOL_REFILL_PER_SECOND = 10
 # The controller's finalizer: it keeps a Sandbox until its pod has stopped. The API creates
@@ -200,14 +203,42 @@ def labels_for(sandbox: Mapping[str, Any]) -> dict[str, str]:
     return labels
 
 
-def _workspace(volume: Mapping[str, Any]) -> Obj:
+def _mount_workspace(pod_spec: Obj, container: Obj, volume: Mapping[str, Any]) -> None:
     kinds = set(volume) - {"name"}
     if len(kinds) != 1 or not kinds <= WORKSPACE_SOURCES:
         allowed = ", ".join(sorted(WORKSPACE_SOURCES))
         raise SandboxSpecError(
             f"workspace volume must have exactly one source among {allowed}; got {sorted(kinds)}"
         )
-    return {**volume, "name": WORKSPACE_VOLUME}
+    pod_spec["volumes"] = [{**volume, "name": WORKSPACE_VOLUME}]
+    container["volumeMounts"] = [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT}]
+    container["workingDir"] = WORKSPACE_MOUNT
+
+
+def unbound(sandbox: Mapping[str, Any]) -> bool:
+    """Whether the Sandbox asks for a workspace whose id is not chosen yet: a new, empty one,
+    bound by the controller to the workspace of the pool pod it claims, or to a new id when
+    it starts cold (then `spec.workspace.id` holds it for good, as a PersistentVolumeClaim
+    holds its volume)."""
+    workspace = (sandbox.get("spec") or {}).get("workspace")
+    return isinstance(workspace, Mapping) and not workspace.get("id") and not workspace.get("forkOf")
+
+
+def with_workspace_id(sandbox: Mapping[str, Any], workspace_id: str) -> Obj:
+    """The Sandbox as it is once its workspace is bound to `workspace_id`."""
+    spec = dict(sandbox.get("spec") or {})
+    spec["workspace"] = {**(spec.get("workspace") or {}), "id": workspace_id}
+    return {**sandbox, "spec": spec}
+
+
+def pod_workspace_id(pod: Mapping[str, Any]) -> str | None:
+    """The blockd workspace the pod mounts, or None."""
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        csi = volume.get("csi") or {}
+        if volume.get("name") == WORKSPACE_VOLUME and csi.get("driver") == BLOCKD_DRIVER:
+            found = (csi.get("volumeAttributes") or {}).get("workspace")
+            return str(found) if found else None
+    return None
 
 
 def pod_for(
@@ -232,9 +263,7 @@ def pod_for(
     container = _container(spec, options)
     pod_spec = _pod_spec(container, options, node)
     if workspace_volume is not None:
-        pod_spec["volumes"] = [_workspace(workspace_volume)]
-        container["volumeMounts"] = [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT}]
-        container["workingDir"] = WORKSPACE_MOUNT
+        _mount_workspace(pod_spec, container, workspace_volume)
     token_sha256 = spec.get("agentTokenSha256")
     if options.agent_image and token_sha256:
         _add_agent(pod_spec, container, options, ["-access-token-sha256", str(token_sha256)])
@@ -268,8 +297,9 @@ def pool_hash(pool: Mapping[str, Any]) -> str:
     """A digest of what a pool's pods are built from: a change replaces its unclaimed pods."""
     spec = pool.get("spec") or {}
     relevant = {key: spec.get(key) for key in ("image", "command", "resources")}
-    if spec.get("reservation"):  # only when set, so pools made before it keep their pods
-        relevant["reservation"] = spec["reservation"]
+    for key in ("reservation", "workspace"):  # only when set, so older pools keep their pods
+        if spec.get(key):
+            relevant[key] = spec[key]
     canonical = json.dumps(relevant, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -284,19 +314,30 @@ def pool_refill_per_second(pool: Mapping[str, Any]) -> float:
 
 
 def pool_pod_for(
-    pool: Mapping[str, Any], *, name: str, claim_sha256: str, options: PodOptions = PodOptions()
+    pool: Mapping[str, Any],
+    *,
+    name: str,
+    claim_sha256: str,
+    options: PodOptions = PodOptions(),
+    workspace: tuple[str, Mapping[str, Any]] | None = None,
 ) -> Obj:
     """A pod a SandboxPool keeps ready: built as a Sandbox's pod is from the pool's image,
     command and size, so a Sandbox asking for the same gets exactly the pod it would have
     been given; owned by the pool until a Sandbox claims it (claim_patch). Its agent (with
     an agent image) starts unclaimed: the one POST /claim whose token has `claim_sha256`
-    as its SHA-256 gives it the claiming Sandbox's access token and environment."""
+    as its SHA-256 gives it the claiming Sandbox's access token and environment.
+    `workspace` is (id, volume source) of the new, empty workspace it mounts, which the
+    claiming Sandbox is bound to."""
     meta = pool.get("metadata") or {}
     if not meta.get("name") or not meta.get("namespace") or not meta.get("uid"):
         raise SandboxSpecError("the SandboxPool needs metadata.name, .namespace and .uid")
     spec = pool.get("spec") or {}
     container = _container({key: spec.get(key) for key in POOL_POD_FIELDS}, options)
     pod_spec = _pod_spec(container, options, None)
+    labels = {SANDBOX_LABEL: "true", MANAGED_BY_LABEL: MANAGED_BY, POOL_LABEL: meta["name"]}
+    if workspace is not None:
+        _mount_workspace(pod_spec, container, workspace[1])
+        labels[WORKSPACE_LABEL] = workspace[0]
     if options.agent_image:
         _add_agent(pod_spec, container, options, ["-claim-token-sha256", claim_sha256])
     return {
@@ -305,7 +346,7 @@ def pool_pod_for(
         "metadata": {
             "name": name,
             "namespace": meta["namespace"],
-            "labels": {SANDBOX_LABEL: "true", MANAGED_BY_LABEL: MANAGED_BY, POOL_LABEL: meta["name"]},
+            "labels": labels,
             "annotations": {SPEC_HASH_ANNOTATION: pool_hash(pool)},
             "ownerReferences": [
                 {
@@ -327,15 +368,20 @@ def pool_pod_name(pool: str, suffix: str) -> str:
     return f"{POOL_POD_PREFIX}{pool[:40]}-{suffix}"
 
 
-def pool_misfit(sandbox: Mapping[str, Any], pool: Mapping[str, Any], options: PodOptions) -> str | None:
+def pool_misfit(
+    sandbox: Mapping[str, Any], pool: Mapping[str, Any], options: PodOptions, *, workspaces: bool = False
+) -> str | None:
     """Why the Sandbox cannot take a pod of this pool, or None if its own pod would be the
-    same pod. A pool pod has no workspace: a Sandbox with one starts cold. Its agent takes
-    the Sandbox's token and environment at the claim (for the processes it starts); without
-    an agent, the environment is the container's, so it must match."""
+    same pod. With `workspaces` (the controller mounts them), a pool whose spec names a
+    workspace size gives each pod a new, empty workspace of it: only a Sandbox asking for a
+    new, empty workspace of that size (unbound) fits, and one with none fits only a pool
+    without. Its agent takes the Sandbox's token and environment at the claim (for the
+    processes it starts); without an agent, the environment is the container's, so it
+    must match."""
     spec = sandbox.get("spec") or {}
     name = (pool.get("metadata") or {}).get("name")
-    if (spec.get("workspace") or {}).get("id"):
-        return f"pool {name}'s pods have no workspace and this sandbox has one"
+    if workspaces and (misfit := _workspace_misfit(sandbox, pool)):
+        return misfit
     if options.agent_image:
         spec = {key: value for key, value in spec.items() if key != "env"}
     pool_spec = pool.get("spec") or {}
@@ -352,6 +398,24 @@ def pool_misfit(sandbox: Mapping[str, Any], pool: Mapping[str, Any], options: Po
         return f"this sandbox's size differs from pool {name}'s"
     if wanted_amounts["requests"] != offered_amounts["requests"]:
         return f"this sandbox's reservation (its organization's share of its size) differs from pool {name}'s"
+    return None
+
+
+def _workspace_misfit(sandbox: Mapping[str, Any], pool: Mapping[str, Any]) -> str | None:
+    wanted = (sandbox.get("spec") or {}).get("workspace")
+    offered = (pool.get("spec") or {}).get("workspace")
+    name = (pool.get("metadata") or {}).get("name")
+    if not wanted:
+        return f"pool {name}'s pods have a workspace and this sandbox has none" if offered else None
+    if not offered:
+        return f"pool {name}'s pods have no workspace and this sandbox has one"
+    if wanted.get("forkOf"):
+        return f"this sandbox's workspace is a fork and pool {name}'s pods have new, empty ones"
+    if wanted.get("id"):
+        return f"this sandbox's workspace is already made and pool {name}'s pods have new ones"
+    sizes = [parse_quantity(str(w.get("size") or DEFAULT_WORKSPACE_SIZE)) for w in (wanted, offered)]  # type: ignore[no-untyped-call]
+    if sizes[0] != sizes[1]:
+        return f"this sandbox's workspace size differs from pool {name}'s"
     return None
 
 

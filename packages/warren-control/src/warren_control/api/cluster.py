@@ -22,6 +22,7 @@ from warren_control.podspec import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     PLURAL,
+    POOL_SKIPPED_ANNOTATION,
     VERSION,
 )
 
@@ -112,6 +113,7 @@ def resource_for(record: Sandbox, namespace: str, stamp_key: bytes) -> Obj:
         body["command"] = list(spec["command"])
     if spec.get("pool"):
         body["pool"] = spec["pool"]
+    annotations = {POOL_SKIPPED_ANNOTATION: spec["pool_skipped"]} if spec.get("pool_skipped") else {}
     if spec.get("env"):
         body["env"] = dict(spec["env"])
     reservation = spec.get("reservation") or {}
@@ -135,6 +137,7 @@ def resource_for(record: Sandbox, namespace: str, stamp_key: bytes) -> Obj:
             "name": record.object_name,
             "namespace": namespace,
             "labels": {ORG_LABEL: org_hash(record.org_id), MANAGED_BY_LABEL: MANAGED_BY},
+            **({"annotations": annotations} if annotations else {}),
             "finalizers": [FINALIZER],
         },
         "spec": body,

@@ -646,6 +646,7 @@ def snapshot(sandbox_id: str, who: Who, api: Api, body: SnapshotBody | None = No
             "unsupported_capability",
             "snapshots need the workspace store, which this control plane is not given",
         )
+    api.workspace_of(who, warren_id(sandbox_id))  # a pooled sandbox's is bound when it starts
     answer = record(api, who, sandbox_id)
     if not answer.get("workspace_id"):
         raise ApiError(409, "conflict", f"sandbox {sandbox_id} has no workspace to snapshot")

@@ -267,8 +267,7 @@ def file_failure(done: podexec.Completed, target: Target, path: str) -> ApiError
     summary="What object storage proves about the sandbox's workspace",
 )
 def workspace_proof(sandbox_id: str, who: Who, api: Api) -> Response:
-    with api.sessions.begin() as session:
-        workspace_id = api.find(session, who, sandbox_id).workspace_id
+    workspace_id = api.workspace_of(who, sandbox_id)
     if not workspace_id:
         raise ApiError(
             409, "no_workspace", "this sandbox has no workspace (made without the workspace layer)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -38,6 +39,9 @@ from warren_control.templates import Template
 from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore
 
 log = logging.getLogger(__name__)
+
+# How long a fork, proof or snapshot waits for a new sandbox's workspace to be bound.
+WORKSPACE_WAIT_S = 30.0
 
 
 DEFAULT_NAMESPACE = "warren-sandboxes"
@@ -226,8 +230,31 @@ class ApiService:
         return None
 
     def new_record(self, session: Session, org: Organization, user: User, spec: dict[str, Any]) -> Sandbox:
-        workspace_id = ids.new_workspace_id() if self.settings.workspaces else None
+        workspace_id = (
+            ids.new_workspace_id() if self.settings.workspaces and not bound_at_start(spec) else None
+        )
         return store.create_sandbox(session, org.id, user.id, spec, workspace_id=workspace_id)
+
+    def workspace_of(self, who: Identity, sandbox_id: str, timeout_s: float = WORKSPACE_WAIT_S) -> str | None:
+        """The sandbox's workspace id; for one bound when it starts (bound_at_start), once the
+        controller has bound it, waiting up to `timeout_s`. None: the sandbox has none."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.sessions.begin() as session:
+                record = self.find(session, who, sandbox_id)
+                if not record.workspace_id and record.spec.get("workspace"):
+                    self.observe(session, record)
+                workspace_id, wanted = record.workspace_id, bool(record.spec.get("workspace"))
+            if workspace_id or not wanted:
+                return workspace_id
+            if time.monotonic() > deadline:
+                raise ApiError(
+                    409,
+                    "conflict",
+                    "the sandbox's workspace is not attached yet (its pod has not started); "
+                    "retry once the sandbox runs",
+                )
+            time.sleep(0.1)
 
     def check_template(self, session: Session, org_id: str, template: str | None) -> None:
         if template is None:
@@ -392,6 +419,7 @@ class ApiService:
             if extra:
                 spec.update(extra)
                 check_lifetime(org, int(spec["max_lifetime_s"]))
+            cap_pool(session, org, spec)
             self.check_template(session, org.id, body.workspace.template if body.workspace else None)
             try:
                 record = self.new_record(session, org, user, spec)
@@ -447,6 +475,7 @@ class ApiService:
         on its own: (status, {"results": [...]}, whether it was a replay). `lifetime_s`
         gives the children a lifetime of their own (from now) instead of their parent's."""
         self.need_workspaces("a fork")
+        self.workspace_of(who, sandbox_id)  # a pooled sandbox's is bound when it starts
         made: list[tuple[int, Sandbox]] = []
 
         def action(session: Session) -> tuple[int, Any]:
@@ -454,7 +483,7 @@ class ApiService:
             parent = self.find(session, who, sandbox_id)
             if parent.being_deleted:
                 raise ApiError(409, "conflict", "the sandbox is being deleted")
-            if not parent.workspace_id:
+            if not parent.workspace_id:  # bound before this transaction, if it ever was
                 raise ApiError(409, "conflict", "the sandbox has no workspace to fork")
             spec = {
                 **parent.spec,
@@ -533,3 +562,29 @@ def store_errors(call: Callable[[], tuple[int, Any, bool]]) -> tuple[int, Any, b
         raise ApiError(403, "forbidden", "the organization of this identity does not exist") from exc
     except store.InvalidSpecError as exc:
         raise ApiError(400, "invalid_request", str(exc)) from exc
+
+
+def bound_at_start(spec: Mapping[str, Any]) -> bool:
+    """Whether a new sandbox's workspace id is the controller's to choose: a new, empty
+    workspace for a pooled template, bound to the workspace of the pool pod it claims (or a
+    new one if it starts cold). Every other workspace's id is chosen here."""
+    workspace = spec.get("workspace") or {}
+    return (
+        bool(spec.get("pool"))
+        and bool(workspace)
+        and not workspace.get("template")
+        and not workspace.get("fork_of")
+    )
+
+
+def cap_pool(session: Session, org: Organization, spec: dict[str, Any]) -> None:
+    """An organization at its cap of sandboxes from warm pools starts this one cold: its spec
+    names no pool, and says why (the controller puts that in PoolClaimed)."""
+    if not spec.get("pool") or org.pool_sandboxes_max is None:
+        return
+    held = store.pooled(session, org.id)
+    if held >= org.pool_sandboxes_max:
+        spec["pool_skipped"] = (
+            f"the organization holds {held} sandboxes from warm pools, its cap of {org.pool_sandboxes_max}"
+        )
+        del spec["pool"]
