@@ -339,10 +339,18 @@ bench-control: venv $(CONTROL)/.venv/.installed
 
 # Create to a command's output through the API from a warm pool and cold, against the same
 # pod made directly; 100 idle sandboxes on the node; the edge against a bare handler; the
-# reconcile rate against direct pods (kwok). Writes bench/results/start.json.
+# reconcile rate against direct pods (kwok); then on the platform site.yml deploys (every
+# sandbox with its workspace): the base pool's creates, cold ones, and forks into eight
+# children. Writes bench/results/start.json.
 .PHONY: bench-start
 bench-start: venv $(CONTROL)/.venv/.installed
 	bench/run-control.sh start
+
+# A sandbox's pod made directly until Ready, with the kubelet's generic PLEG and with evented
+# PLEG (node.evented_pleg), on a throw-away cluster each; writes bench/results/coldpath.json.
+.PHONY: bench-coldpath
+bench-coldpath: venv $(CONTROL)/.venv/.installed
+	bench/run-coldpath.sh
 
 # Exec round trip through the sandbox's agent against Kubernetes exec, one sandbox of the
 # deployed platform (make deploy first); writes bench/results/exec.json.

@@ -3,8 +3,9 @@
 # controller's reconcile rate on a throw-away kwok control plane (simulated nodes) against the
 # same pods made directly, then a throw-away local cluster (its own ports and state) with the
 # floor applied, and bench/control.py or bench/start.py against it: the control plane as
-# `serve --role all`, sandboxes through the edge against the same pods made directly. Writes
-# bench/results/control.json or start.json.
+# `serve --role all`, sandboxes through the edge against the same pods made directly; for
+# start, then the platform deployed by site.yml (bench/warren-bench.yaml), where sandboxes
+# have workspaces, for forks. Writes bench/results/control.json or start.json.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bench=${1:?name the benchmark: control or start}
@@ -58,5 +59,23 @@ import json, sys
 print(next(f"{name}@{digest}" for name, digest in json.load(sys.stdin)["digests"].items()))')
   extra=(--agent-image "$agent")
 fi
+output=()
+[[ $bench == start ]] && output=(--output "$WARREN_HOME/throw-away.json")
 "$control/python" "bench/$bench.py" --kubeconfig "$("$venv/warren" cluster kubeconfig)" \
-  --image "$image" --kwok-json "$kwok_json" "${extra[@]}" "$@"
+  --image "$image" --kwok-json "$kwok_json" "${extra[@]}" "${output[@]}" "$@"
+[[ $bench == start ]] || exit 0
+
+# Then the platform as `make deploy` deploys it, where every sandbox has its workspace: the
+# base pool's creates, cold ones, and forks into eight children, through its edge.
+"$venv/warren" cluster down --wipe --config "$config"
+config=$PWD/bench/warren-bench.yaml
+export WARREN_CONFIG=$config ANSIBLE_CONFIG=$PWD/ansible.cfg
+echo "deploying the platform (site.yml); its log: $WARREN_HOME/site.log" >&2
+if ! "$venv/ansible-playbook" -i inventories/local/hosts.yml playbooks/site.yml > "$WARREN_HOME/site.log"; then
+  tail -60 "$WARREN_HOME/site.log"
+  exit 1
+fi
+records=$WARREN_HOME/cluster/control-plane
+"$control/python" bench/start.py --kubeconfig "$("$venv/warren" cluster kubeconfig)" \
+  --platform-url "$(cat "$records/url")" --api-key-file "$records/api-key" \
+  --partial "$WARREN_HOME/throw-away.json" "$@"

@@ -4,6 +4,7 @@ what one costs; the edge's GETs against a bare handler on the same web stack. Ev
 measured in one run on one machine, each beside its baseline. Writes bench/results/start.json.
 
     python bench/start.py --kubeconfig K --image I [--samples 10] [--idle 100] [--kwok-json F]
+    python bench/start.py --kubeconfig K --platform-url URL --api-key-file F --partial F
 
 - pool_create_to_exec_ms_p50/_p99: an API create its pooled template describes, until the
   output of a command run through the API arrives (the controller claims a ready pool pod).
@@ -17,10 +18,15 @@ measured in one run on one machine, each beside its baseline. Writes bench/resul
 - get_req_per_s through the edge; baseline_req_per_s from a bare handler served by the same
   uvicorn (httptools, uvloop) to the same clients.
 - reconcile_per_s and direct_pods_per_s: from the kwok run (--kwok-json).
-- fork8_to_exec_ms_p50: null here: forks need the workspace layer, which this throw-away
-  cluster does not run (bench-workspace measures forks on it).
+- With --platform-url (the platform site.yml deployed, bench/warren-bench.yaml), where
+  every sandbox has its workspace from warren-blockd: platform_pool_create_to_exec_ms_p50
+  and _p99 (the base pool's pods, each with a new workspace the sandbox is bound to),
+  platform_cold_create_to_exec_ms_p50 (a size no pool holds), and fork8_to_exec_ms_p50: a
+  running sandbox forked into eight children, until each has answered a command. Its
+  figures are added to --partial's.
 
-Run it through `make bench-start`, which brings a throw-away cluster up and down.
+Run it through `make bench-start`, which brings a throw-away cluster up and down, then the
+platform.
 """
 
 from __future__ import annotations
@@ -44,11 +50,13 @@ from control import NAMESPACE, SLEEP, ControlPlane, direct_pod_ms, get_rate, per
 from warren_common.testing import free_port, gvisor_pss_kib
 from warren_control.kube import Kube
 from warren_control.podspec import PodOptions
-from warren_control.sdk import Client
+from warren_control.sdk import Client, WarrenError
 
 RESULTS = Path(__file__).parent / "results" / "start.json"
 POOL = "base"
 POOL_SIZE = 4
+FORK_CHILDREN = 8
+START_TIMEOUT_S = 180
 # The template's size, and a sandbox's default: what the pool's pods are made at.
 CPU_MILLIS, MEMORY_MIB = 1000, 1024
 # The deployment's shares of it (services.sandbox_*_request_percent), given to the control
@@ -68,26 +76,33 @@ def bare_pod(agent_image: str | None) -> dict[str, Any]:
     return {"spec": spec, "options": options}
 
 
-def create_to_exec_ms(client: Client, image: str) -> tuple[float, str, str]:
+def create_to_exec_ms(
+    client: Client, image: str, *, command: list[str] | None = SLEEP, memory_mib: int = MEMORY_MIB
+) -> tuple[float, str, str]:
     """(ms from the create call until `echo ready` answers through the API, the sandbox's
     id, how its pod started according to its PoolClaimed condition)."""
     start = time.monotonic()
-    box = client.create(image, command=SLEEP, cpu_millis=CPU_MILLIS, memory_mib=MEMORY_MIB)
-    while True:
-        seen = client.get(box.id)
-        if seen.phase == "Running":
-            break
-        if seen.phase == "Failed" or time.monotonic() - start > 180:
-            raise RuntimeError(f"the sandbox did not come up: {seen.phase} {seen.reason}")
-        time.sleep(0.01)
-    result = client.run(box.id, ["echo", "ready"])
+    box = client.create(image, command=command, cpu_millis=CPU_MILLIS, memory_mib=memory_mib)
+    answer(client, box.id, start)
     elapsed = (time.monotonic() - start) * 1000
-    if result.stdout.strip() != b"ready":
-        raise RuntimeError(f"the command's output was {result.stdout!r}, {result.stderr!r}")
     started = next(
         (f"{c.status}/{c.reason}" for c in client.get(box.id).conditions if c.type == "PoolClaimed"), "none"
     )
     return elapsed, box.id, started
+
+
+def answer(client: Client, sandbox_id: str, start: float) -> None:
+    """Wait until the sandbox runs, then until `echo ready` answers through the API."""
+    while True:
+        seen = client.get(sandbox_id)
+        if seen.phase == "Running":
+            break
+        if seen.phase == "Failed" or time.monotonic() - start > START_TIMEOUT_S:
+            raise RuntimeError(f"sandbox {sandbox_id} did not come up: {seen.phase} {seen.reason}")
+        time.sleep(0.01)
+    result = client.run(sandbox_id, ["echo", "ready"])
+    if result.stdout.strip() != b"ready":
+        raise RuntimeError(f"the command's output was {result.stdout!r}, {result.stderr!r}")
 
 
 def pool_ready(kube: Kube, size: int) -> bool:
@@ -248,13 +263,82 @@ def on_the_cluster(
     }
 
 
-def sample(client: Client, image: str, expected: str) -> float:
+def sample(client: Client, image: str, expected: str, **create: Any) -> float:
     """One create to exec that must have started as `expected` (PoolClaimed status/reason)."""
-    elapsed, box, started = create_to_exec_ms(client, image)
+    elapsed, box, started = create_to_exec_ms(client, image, **create)
     client.delete(box)
     if started != expected:
         raise RuntimeError(f"a create expected to start {expected} started {started}")
     return elapsed
+
+
+def fork_to_exec_ms(client: Client, parent: str, count: int) -> float:
+    """ms from the fork call until each of its `count` children has answered a command;
+    the children are deleted, and gone, before it returns."""
+    start = time.monotonic()
+    results = client.fork(parent, count)
+    children = [r.sandbox.id for r in results if r.sandbox is not None]
+    if len(children) != count:
+        raise RuntimeError(f"the fork made {len(children)} of {count}: {[r.error for r in results]}")
+    with ThreadPoolExecutor(count) as pool:
+        list(pool.map(lambda child: answer(client, child, start), children))
+    elapsed = (time.monotonic() - start) * 1000
+    for child in children:
+        client.delete(child)
+    wait("the children to be deleted", lambda: all(gone(client, child) for child in children))
+    return elapsed
+
+
+def gone(client: Client, sandbox_id: str) -> bool:
+    try:
+        client.get(sandbox_id)
+    except WarrenError as exc:
+        if exc.code == "not_found":
+            return True
+        raise
+    return False
+
+
+def on_the_platform(kube: Kube, url: str, key: str, *, samples: int, fork_samples: int) -> dict[str, Any]:
+    """The platform as site.yml deploys it (bench/warren-bench.yaml: the base template's
+    pool from services.pools), through its edge: every sandbox has its workspace from
+    warren-blockd, as users get it. A create of base claims from the pool and is bound to
+    the pod's workspace; one of another size starts cold; a fork of a running sandbox into
+    eight children (each a manifest publish and a cold pod on the parent's node)."""
+    pool = kube.request("GET", kube.pools_path(NAMESPACE, POOL))
+    image, size = str(pool["spec"]["image"]), int(pool["spec"]["size"])
+    client = Client(url, key)
+    cold_size = {"command": None, "memory_mib": MEMORY_MIB - 1}  # a size no pool holds
+    try:
+        # One unmeasured round of each (images in the page cache, first-pod costs).
+        wait("the pool to be ready", lambda: pool_ready(kube, size))
+        sample(client, image, "True/Claimed", command=None)
+        sample(client, image, "False/NoPool", **cold_size)
+        pooled: list[float] = []
+        cold: list[float] = []
+        for index in range(samples):
+            print(f"platform: pool and cold {index + 1}/{samples}", file=sys.stderr, flush=True)
+            wait("the pool to be ready", lambda: pool_ready(kube, size))
+            pooled.append(sample(client, image, "True/Claimed", command=None))
+            cold.append(sample(client, image, "False/NoPool", **cold_size))
+        _, parent, _ = create_to_exec_ms(client, image, command=None)
+        client.write_file(parent, "/workspace/note", b"written before the fork\n")
+        forks: list[float] = []
+        for index in range(fork_samples):
+            print(
+                f"platform: fork into {FORK_CHILDREN} {index + 1}/{fork_samples}", file=sys.stderr, flush=True
+            )
+            forks.append(fork_to_exec_ms(client, parent, FORK_CHILDREN))
+        client.delete(parent)
+    finally:
+        client.close()
+    return {
+        "platform_pool_create_to_exec_ms_p50": round(statistics.median(pooled), 1),
+        "platform_pool_create_to_exec_ms_p99": round(percentile(pooled, 0.99), 1),
+        "platform_cold_create_to_exec_ms_p50": round(statistics.median(cold), 1),
+        "fork8_to_exec_ms_p50": round(statistics.median(forks), 1),
+        "fork8_samples": fork_samples,
+    }
 
 
 def with_ratios(result: dict[str, Any]) -> dict[str, Any]:
@@ -266,6 +350,14 @@ def with_ratios(result: dict[str, Any]) -> dict[str, Any]:
         "cold_p50_over_bare_p50": result["cold_create_to_exec_ms_p50"] / bare,
         "get_over_baseline": result["get_req_per_s"] / result["baseline_req_per_s"],
     }
+    if result.get("fork8_to_exec_ms_p50") is not None:
+        ratios["fork8_p50_over_cold_p50"] = (
+            result["fork8_to_exec_ms_p50"] / result["cold_create_to_exec_ms_p50"]
+        )
+        ratios["fork8_p50_over_platform_cold_p50"] = (
+            result["fork8_to_exec_ms_p50"] / result["platform_cold_create_to_exec_ms_p50"]
+        )
+        ratios["platform_pool_p50_over_bare_p50"] = result["platform_pool_create_to_exec_ms_p50"] / bare
     if "direct_pods_per_s" in result:
         ratios["reconcile_over_direct"] = result["reconcile_per_s"] / result["direct_pods_per_s"]
     return {**result, **{name: round(value, 3) for name, value in ratios.items()}}
@@ -276,34 +368,50 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--kubeconfig", required=True)
-    parser.add_argument("--image", required=True, help="an image the node has")
+    parser.add_argument("--image", help="an image the node has (the throw-away cluster)")
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument(
         "--agent-image", help="the agent image the node has: sandboxes get their agent, as deployed"
     )
     parser.add_argument("--idle", type=int, default=100, help="idle sandboxes to start at once")
     parser.add_argument("--kwok-json", type=Path, help="reconcile figures from the kwok run")
+    parser.add_argument("--platform-url", help="the deployed platform's edge: measure on it instead")
+    parser.add_argument("--api-key-file", type=Path, help="with --platform-url: a key of its")
+    parser.add_argument("--partial", type=Path, help="with --platform-url: the throw-away cluster's figures")
+    parser.add_argument("--fork-samples", type=int, default=5)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     kube = Kube.connect(args.kubeconfig)
-    result: dict[str, Any] = {"samples": args.samples}
-    result.update(
-        on_the_cluster(
-            kube,
-            args.kubeconfig,
-            args.image,
-            agent_image=args.agent_image,
-            samples=args.samples,
-            idle=args.idle,
+    if args.platform_url:
+        if args.api_key_file is None:
+            parser.error("--platform-url needs --api-key-file")
+        result: dict[str, Any] = json.loads(args.partial.read_text()) if args.partial else {}
+        key = args.api_key_file.read_text().strip()
+        result.update(
+            on_the_platform(
+                kube, args.platform_url, key, samples=args.samples, fork_samples=args.fork_samples
+            )
         )
-    )
-    result["agent"] = bool(args.agent_image)
-    result["baseline_req_per_s"] = baseline_rate("x")
-    if args.kwok_json:
-        result.update(json.loads(args.kwok_json.read_text()))
-    result = with_ratios(result)
-    write_result(args.output, result)
+    else:
+        if not args.image:
+            parser.error("the throw-away cluster needs --image")
+        result = {"samples": args.samples}
+        result.update(
+            on_the_cluster(
+                kube,
+                args.kubeconfig,
+                args.image,
+                agent_image=args.agent_image,
+                samples=args.samples,
+                idle=args.idle,
+            )
+        )
+        result["agent"] = bool(args.agent_image)
+        result["baseline_req_per_s"] = baseline_rate("x")
+        if args.kwok_json:
+            result.update(json.loads(args.kwok_json.read_text()))
+    write_result(args.output, with_ratios(result))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,10 @@ class NodeConfig(_Model):
     # Pods the kubelet admits. Its own default, 110, is what caps a node at about 100 idle
     # sandboxes; each pod takes one address of the node's pod range (checked against it).
     max_pods: Annotated[int, Field(ge=10, le=1000)] = 250
+    # The kubelet learns of containers starting and ending from containerd's events (the
+    # EventedPLEG feature gate) rather than from its relist once a second, which a pod's
+    # start waits on at each step (its init container's end, its container's start).
+    evented_pleg: bool = False
 
     @field_validator("name")
     @classmethod

@@ -92,3 +92,29 @@ def test_max_pods_must_fit_the_nodes_pod_range() -> None:
         parse_config({"cluster": {"node": {"max_pods": 254}}})
     with pytest.raises(ConfigError, match=r"widen cluster\.pod_cidr"):
         parse_config({"cluster": {"pod_cidr": "10.244.0.0/25", "node": {"max_pods": 200}}})
+
+
+def test_evented_pleg_turns_on_the_kubelets_feature_gate_and_only_it() -> None:
+    import yaml
+
+    from warren.node import provider
+
+    def kubelet(**node: object) -> dict[str, object]:
+        cfg = parse_config({"cluster": {"node": node}}).cluster
+        text = provider.render(
+            "kubelet-config.yaml.j2",
+            node=cfg.node,
+            cluster=cfg,
+            layout=type("Layout", (), {"endpoint": "unix:///run/containerd.sock"})(),
+            node_ip="192.0.2.1",
+            ca="ca.crt",
+            serving_cert="kubelet.crt",
+            serving_key="kubelet.key",
+        )
+        found: dict[str, object] = yaml.safe_load(text)
+        return found
+
+    assert "featureGates" not in kubelet()
+    evented = kubelet(evented_pleg=True)
+    assert evented["featureGates"] == {"EventedPLEG": True}
+    assert {k: v for k, v in evented.items() if k != "featureGates"} == kubelet()
