@@ -6,6 +6,7 @@ claim only to the version chosen), or starts cold and says why. The scale tier
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -441,3 +442,30 @@ def test_a_sandbox_its_organizations_cap_kept_from_the_pool_says_so() -> None:
         sbx["metadata"]["annotations"][POOL_SKIPPED_ANNOTATION],
     )
     assert kube.pod_patches == 0
+
+
+def test_pool_pods_deleted_unclaimed_take_their_workspaces_and_claimed_ones_never() -> None:
+    released: list[str] = []
+    kube, reconciler = fresh(dataclasses.replace(WITH_WORKSPACES, release_workspace=released.append))
+    pool = add_pool(kube, reconciler, workspace={"size": "10Gi"})
+    pods = fill(kube, reconciler)
+    kube.add_sandbox("a", pool="base", workspace=dict(NEW_WORKSPACE))
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    claimed = kube.pods[kube.status("a")["podName"]]
+    # A copy a relist found gone, not the server's last word: never released.
+    (unclaimed, *_) = [p for p in pods if p["metadata"]["name"] != claimed["metadata"]["name"]]
+    reconciler.pod_changed("DELETED", copy.deepcopy(unclaimed))
+    assert released == []
+    # The pool shrinks to nothing: its unclaimed pods go, each with its workspace.
+    reconciler.pool_event("MODIFIED", {**pool, "spec": {**pool["spec"], "size": 0}})
+    reconciler.reconcile_pool(NS, "base")
+    deleted = [p for p in kube.pods.values() if "deletionTimestamp" in p["metadata"]]
+    assert len(deleted) == 2 and claimed not in deleted
+    for pod in deleted:
+        reconciler.pod_changed("DELETED", copy.deepcopy(pod))
+    assert sorted(released) == sorted(str(pod_workspace_id(p)) for p in deleted)
+    # The claimed pod's workspace is its Sandbox's, deleted or not.
+    kube.delete_pod(NS, claimed["metadata"]["name"])
+    reconciler.pod_changed("DELETED", copy.deepcopy(kube.pods[claimed["metadata"]["name"]]))
+    assert pod_workspace_id(claimed) not in released

@@ -259,8 +259,20 @@ def _run_controller(args: argparse.Namespace) -> None:
             agent_image=args.agent_image,
         ),
         workspace=blockd_volume if args.workspaces else controller.no_workspace,
+        release_workspace=_release_hook(args),
     )
     controller.run(args.watch_namespace or [args.sandbox_namespace], args.kubeconfig, options=options)
+
+
+def _release_hook(args: argparse.Namespace) -> Any:
+    """The workspace store's release, for the controller's unclaimed pool pods; None
+    without a store."""
+    from warren_control import workspaces
+
+    store = workspaces.from_arguments(
+        args.workspace_store, args.workspace_store_endpoint, args.workspace_store_tool
+    )
+    return store.release if store is not None else None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -121,6 +121,9 @@ class ControllerOptions:
     # per create is what limits how many it takes a second).
     quiet_start_seconds: float = 10.0
     workspace: WorkspaceFn = no_workspace
+    # Removes a workspace from object storage (the workspace store's release): a pool pod
+    # that goes unclaimed takes its new, empty workspace with it. None: they stay there.
+    release_workspace: Callable[[str], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,11 @@ POOL_CREATE_GRACE_SECONDS = 60.0
 # How a Sandbox's pod started, as a condition, so the API shows it with the others: True,
 # a pool's ready pod was claimed; False, the pod was started cold, and the reason says why.
 POOL_CONDITION = "PoolClaimed"
+
+
+def _workspace_id(sandbox: Mapping[str, Any]) -> str | None:
+    found = ((sandbox.get("spec") or {}).get("workspace") or {}).get("id")
+    return str(found) if found else None
 
 
 def _cold(reason: str, message: str) -> Obj:
@@ -911,11 +919,40 @@ class Reconciler:
             wake()
         return wake is not None
 
+    def _release_unclaimed(self, pod: Mapping[str, Any]) -> None:
+        """A pool pod deleted unclaimed: its workspace was never anyone's, so it goes from
+        storage too. Only on the server's own last word on the pod (its deletion under way,
+        still the pool's), never on a copy a relist found gone: a claim that raced the
+        deletion would show there, and its workspace is its Sandbox's."""
+        release = self.options.release_workspace
+        workspace_id = pod_workspace_id(pod)
+        meta = pod.get("metadata") or {}
+        if release is None or not workspace_id or not meta.get("deletionTimestamp"):
+            return
+        if POOL_LABEL not in (meta.get("labels") or {}):
+            return
+        namespace = str(meta.get("namespace"))
+        if any(_workspace_id(s) == workspace_id for s in self.sandboxes.select(namespace, {})):
+            return
+        try:
+            release(workspace_id)
+        except Exception:  # the store away: the workspace stays, and the log says so
+            log.warning(
+                "releasing workspace %s of unclaimed pod %s failed",
+                workspace_id,
+                meta.get("name"),
+                exc_info=True,
+            )
+            return
+        log.info("released workspace %s of unclaimed pool pod %s", workspace_id, meta.get("name"))
+
     def pod_changed(self, event_type: str, pod: Mapping[str, Any]) -> None:
         """A pod this controller made changed: bring its Sandbox's status up to date, make
         the pod again if it vanished, or delete it if its Sandbox is gone."""
         uid = controller_uid(pod)
         if uid is None and (pool := pool_of(pod)) is not None:
+            if event_type == "DELETED":
+                self._release_unclaimed(pod)
             self.request_pool_pass(str(pod["metadata"]["namespace"]), pool[0])
             return
         with self._guard:
