@@ -302,6 +302,7 @@ def test_a_pool_per_configured_template_and_the_control_plane_names_it() -> None
         "refillPerSecond": 3.0,
     }
     assert "--pool=base" in args
+    assert f"--agent-in-image={base}" in args  # the base image carries the agent's layer
     none = parse_config({"services": {"pools": {}}})
     assert not [o for o in render(none) if o["kind"] == "SandboxPool"]
     assert (

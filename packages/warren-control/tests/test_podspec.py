@@ -4,6 +4,7 @@ parts the controller relies on to find it again (name, labels, owner reference).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from warren_control.podspec import (
     SandboxSpecError,
     blockd_volume,
     controller_uid,
+    has_agent,
     pod_for,
     pod_name,
     spec_hash,
@@ -92,6 +94,21 @@ def test_the_agent_reaches_any_image_through_an_init_container_and_a_post_start_
     assert "command" not in container
     start = container["lifecycle"]["postStart"]["exec"]["command"]
     assert start == ["/.warren/agent", "-detach", "-port", "49983", "-access-token-sha256", TOKEN_SHA256]
+
+
+def test_an_image_built_with_the_agent_starts_it_from_itself_with_no_init_container() -> None:
+    options = dataclasses.replace(AGENT, agent_in_images=frozenset({"busybox:stable"}))
+    pod = pod_for(sandbox(agentTokenSha256=TOKEN_SHA256), options=options)
+    assert floor_violations(pod) == []
+    assert "initContainers" not in pod["spec"] and "volumes" not in pod["spec"]
+    (container,) = pod["spec"]["containers"]
+    start = container["lifecycle"]["postStart"]["exec"]["command"]
+    assert start == ["/warren/agent", "-detach", "-port", "49983", "-access-token-sha256", TOKEN_SHA256]
+    assert has_agent(pod)
+    # Another image still gets it copied in; both are pods with an agent, one without is not.
+    other = pod_for(sandbox(image="alpine", agentTokenSha256=TOKEN_SHA256), options=options)
+    assert [c["name"] for c in other["spec"]["initContainers"]] == ["warren-agent"] and has_agent(other)
+    assert not has_agent(pod_for(sandbox(agentTokenSha256=TOKEN_SHA256)))
 
 
 def test_no_agent_without_its_image_or_a_token_hash() -> None:

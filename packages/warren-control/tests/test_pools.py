@@ -269,12 +269,15 @@ def claims(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str, dict[st
     return sent
 
 
+@pytest.mark.parametrize("in_image", [False, True], ids=["copied-in", "in-the-image"])
 def test_a_claim_gives_the_agent_the_sandboxs_token_and_env(
-    claims: list[tuple[str, str, str, dict[str, str]]],
+    claims: list[tuple[str, str, str, dict[str, str]]], in_image: bool
 ) -> None:
-    kube, reconciler = fresh(ControllerOptions(pod=AGENTED, quiet_start_seconds=0))
+    options = dataclasses.replace(AGENTED, agent_in_images=frozenset({"busybox"} if in_image else ()))
+    kube, reconciler = fresh(ControllerOptions(pod=options, quiet_start_seconds=0))
     add_pool(kube, reconciler, size=1)
     (pod,) = fill(kube, reconciler)
+    assert ("initContainers" in pod["spec"]) is not in_image
     pod["status"]["podIP"] = "10.0.0.7"
     start = pod["spec"]["containers"][0]["lifecycle"]["postStart"]["exec"]["command"]
     claim_sha256 = start[start.index("-claim-token-sha256") + 1]

@@ -257,6 +257,7 @@ def _run_controller(args: argparse.Namespace) -> None:
             cpu_request_percent=args.cpu_request_percent,
             memory_request_percent=args.memory_request_percent,
             agent_image=args.agent_image,
+            agent_in_images=frozenset(args.agent_in_image),
         ),
         workspace=blockd_volume if args.workspaces else controller.no_workspace,
         release_workspace=_release_hook(args),

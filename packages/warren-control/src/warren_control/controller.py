@@ -46,7 +46,6 @@ from warren_control import agentclient, ids, leader
 from warren_control.informer import CoalescingQueue, Informer, Later, Store
 from warren_control.kube import ApiException, Kube, Obj, error_message
 from warren_control.podspec import (
-    AGENT_CONTAINER,
     FINALIZER,
     GROUP,
     MANAGED_BY,
@@ -65,6 +64,7 @@ from warren_control.podspec import (
     blockd_volume,
     claim_patch,
     controller_uid,
+    has_agent,
     pod_for,
     pod_name,
     pod_workspace_id,
@@ -564,8 +564,7 @@ class Reconciler:
         could not be done. Pods without an agent, and Sandboxes without a token, need none."""
         spec = sandbox.get("spec") or {}
         token_sha256 = spec.get("agentTokenSha256")
-        init = (pod.get("spec") or {}).get("initContainers") or []
-        if not token_sha256 or not any(c.get("name") == AGENT_CONTAINER for c in init):
+        if not token_sha256 or not has_agent(pod):
             return None
         address = (pod.get("status") or {}).get("podIP")
         if not address:
@@ -1312,6 +1311,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             cpu_request_percent=args.cpu_request_percent,
             memory_request_percent=args.memory_request_percent,
             agent_image=args.agent_image,
+            agent_in_images=frozenset(args.agent_in_image),
         ),
         resync_seconds=args.resync_seconds,
         workers=args.workers,

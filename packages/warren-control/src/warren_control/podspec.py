@@ -90,6 +90,10 @@ class PodOptions:
     # The agent's image (warren.dev/agent:<version>); None: sandboxes get no agent, and
     # exec and files go through Kubernetes exec alone.
     agent_image: str | None = None
+    # Images built with the agent's layer (the base template's): their sandboxes start the
+    # agent from the image itself, with no init container to copy it in, which spares a pod's
+    # start one wait for the kubelet to see that container end (up to its relist, a second).
+    agent_in_images: frozenset[str] = frozenset()
     default_cpu: str = "1"
     default_memory: str = "1Gi"
     # What a sandbox reserves on its node, as a share of its size (its limits). 100 for both:
@@ -525,7 +529,12 @@ def _pod_spec(container: Obj, options: PodOptions, node: str | None) -> Obj:
 
 def _add_agent(pod_spec: Obj, container: Obj, options: PodOptions, auth: list[str]) -> None:
     """The agent, delivered into the sandbox's container (see AGENT_CONTAINER), with the
-    arguments that say how it knows its caller (`auth`)."""
+    arguments that say how it knows its caller (`auth`); started from the image where it is
+    one of options.agent_in_images."""
+    if container["image"] in options.agent_in_images:
+        start = [AGENT_IN_IMAGE, "-detach", "-port", str(AGENT_PORT), *auth]
+        container["lifecycle"] = {"postStart": {"exec": {"command": start}}}
+        return
     pod_spec.setdefault("volumes", []).append(
         # In memory and small: it holds one static binary, and nothing of it outlives the pod.
         {"name": AGENT_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}
@@ -552,6 +561,19 @@ def _add_agent(pod_spec: Obj, container: Obj, options: PodOptions, auth: list[st
     # its agent up (a failure restarts the container, and says why in its events).
     start = [f"{AGENT_DIR}/agent", "-detach", "-port", str(AGENT_PORT), *auth]
     container["lifecycle"] = {"postStart": {"exec": {"command": start}}}
+
+
+def has_agent(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's sandbox runs the agent: copied in by its init container, or started
+    from the image (PodOptions.agent_in_images)."""
+    spec = pod.get("spec") or {}
+    if any(c.get("name") == AGENT_CONTAINER for c in spec.get("initContainers") or []):
+        return True
+    for container in spec.get("containers") or []:
+        if container.get("name") == CONTAINER:
+            start = ((container.get("lifecycle") or {}).get("postStart") or {}).get("exec") or {}
+            return bool((start.get("command") or [None])[0] == AGENT_IN_IMAGE)
+    return False
 
 
 def blockd_volume(sandbox: Mapping[str, Any]) -> Obj | None:
@@ -602,6 +624,14 @@ def add_request_arguments(parser: Any) -> None:
         "--agent-image",
         help="controller: the agent's image (warren.dev/agent:<version>), delivered into every "
         "sandbox; without it sandboxes have no agent",
+    )
+    parser.add_argument(
+        "--agent-in-image",
+        action="append",
+        default=[],
+        metavar="IMAGE",
+        help="controller: an image built with the agent's layer (the base template's): its "
+        "sandboxes start the agent from the image, with no init container (repeatable)",
     )
     for kind in ("cpu", "memory"):
         parser.add_argument(

@@ -31,10 +31,7 @@ from warren_control.models import (
     utcnow,
 )
 from warren_control.observation import converge, scrub
-from warren_control.podspec import (
-    AGENT_CONTAINER,
-    sandbox_pod_name,
-)
+from warren_control.podspec import has_agent, sandbox_pod_name
 from warren_control.templates import Template
 from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore
 
@@ -371,10 +368,9 @@ class ApiService:
         return Target(pod=name, names=(name, object_name, uid, self.settings.namespace), agent=agent)
 
     def agent_in(self, pod: Obj, sandbox_id: str) -> agentclient.Agent | None:
-        """The agent of a sandbox's running pod, if the pod has one (its init container)."""
-        spec, status = pod.get("spec") or {}, pod.get("status") or {}
-        has_agent = any(c.get("name") == AGENT_CONTAINER for c in spec.get("initContainers") or [])
-        if not has_agent or not status.get("podIP"):
+        """The agent of a sandbox's running pod, if the pod has one."""
+        status = pod.get("status") or {}
+        if not has_agent(pod) or not status.get("podIP"):
             return None
         return agentclient.Agent(str(status["podIP"]), keys.agent_token(self.settings.stamp_key, sandbox_id))
 
