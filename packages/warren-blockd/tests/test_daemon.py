@@ -8,6 +8,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,23 @@ def test_fork_children_see_the_source_and_diverge_on_their_own(node: Blockd, tmp
     assert node.client.action("kid-2", "unmount", wait_replicated=60)["level"] == "replicated"
     node.client.action("kid-2", "restore", target=str(kids["kid-2"]))
     assert (kids["kid-2"] / "note.txt").read_text() == "changed in kid-2\n"
+
+
+def test_forks_of_one_mounted_source_at_once_all_succeed(node: Blockd, tmp_path: Path) -> None:
+    """A fork into eight children reaches the node as eight publishes at once, each a fork of
+    the same mounted source: they take turns at its freeze rather than fail on it (EBUSY)."""
+    node.client.create("busy", 64 << 20)
+    src = tmp_path / "busy"
+    node.client.action("busy", "mount", target=str(src))
+    (src / "note.txt").write_text("before the forks\n")
+    kids = [f"busy-kid-{index}" for index in range(8)]
+    with ThreadPoolExecutor(len(kids)) as pool:
+        results = list(pool.map(lambda kid: node.client.action("busy", "fork", children=[kid]), kids))
+    assert [r["children"] for r in results] == [{kid: None} for kid in kids]
+    (src / "note.txt").write_text("after the forks\n")  # the source is thawed
+    target = tmp_path / kids[-1]
+    node.client.action(kids[-1], "mount", target=str(target))
+    assert (target / "note.txt").read_text() == "before the forks\n"
 
 
 def test_consolidation_runs_and_restore_uses_it(

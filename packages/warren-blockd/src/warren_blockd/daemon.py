@@ -193,6 +193,8 @@ class Daemon:
         # Detached before their spool drained: still uploading; a new attach waits for them.
         self._draining: dict[str, Replicator] = {}
         self._lock = threading.RLock()
+        # Source workspace id -> the lock its forks take turns under.
+        self._forking: dict[str, threading.Lock] = {}
         self._stop = threading.Event()
 
     def _dir(self, workspace_id: str) -> Path:
@@ -569,17 +571,22 @@ class Daemon:
         check_id(source)
         for child in children:
             check_id(child)
-        att = self.attached.get(source)
-        if att and att.target:
-            run("fsfreeze", "-f", att.target)
-            try:
+        # One fork of a source at a time: a file system frozen already refuses a second freeze
+        # (EBUSY), and a fork of many children arrives as one publish per child, at once.
+        with self._lock:
+            serial = self._forking.setdefault(source, threading.Lock())
+        with serial:
+            att = self.attached.get(source)
+            if att and att.target:
+                run("fsfreeze", "-f", att.target)
+                try:
+                    self._settle(source, att)
+                    return att.workspace.fork(children)
+                finally:
+                    run("fsfreeze", "-u", att.target)
+            if att:
                 self._settle(source, att)
-                return att.workspace.fork(children)
-            finally:
-                run("fsfreeze", "-u", att.target)
-        if att:
-            self._settle(source, att)
-        return Workspace(self.store, source).fork(children)
+            return Workspace(self.store, source).fork(children)
 
     def _settle(self, source: str, att: Attached) -> None:
         receipt = att.replicator.wait_replicated(att.device.flush().seq, self.settings.fork_wait)
