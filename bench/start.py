@@ -168,8 +168,8 @@ def idle_density(client: Client, image: str, count: int) -> dict[str, Any]:
         "idle_sandboxes_tried": count,
         "idle_sandbox_pss_mib": round(per_sandbox_mib, 1),
         "creates_per_s": round(count / create_seconds, 1),
-        "create_ms_p50": round(statistics.median(latencies), 1),
-        "create_ms_p99": round(percentile(latencies, 0.99), 1),
+        "create_ms_p50": p50(latencies),
+        "create_ms_p99": p99(latencies),
     }
 
 
@@ -253,10 +253,10 @@ def on_the_cluster(
             client.close()
             plane.stop()
     return {
-        "pool_create_to_exec_ms_p50": round(statistics.median(pooled), 1),
-        "pool_create_to_exec_ms_p99": round(percentile(pooled, 0.99), 1),
-        "cold_create_to_exec_ms_p50": round(statistics.median(cold), 1),
-        "bare_pod_ready_ms_p50": round(statistics.median(bare), 1),
+        "pool_create_to_exec_ms_p50": p50(pooled),
+        "pool_create_to_exec_ms_p99": p99(pooled),
+        "cold_create_to_exec_ms_p50": p50(cold),
+        "bare_pod_ready_ms_p50": p50(bare),
         "fork8_to_exec_ms_p50": None,
         **density,
         **gets,
@@ -333,12 +333,20 @@ def on_the_platform(kube: Kube, url: str, key: str, *, samples: int, fork_sample
     finally:
         client.close()
     return {
-        "platform_pool_create_to_exec_ms_p50": round(statistics.median(pooled), 1),
-        "platform_pool_create_to_exec_ms_p99": round(percentile(pooled, 0.99), 1),
-        "platform_cold_create_to_exec_ms_p50": round(statistics.median(cold), 1),
-        "fork8_to_exec_ms_p50": round(statistics.median(forks), 1),
+        "platform_pool_create_to_exec_ms_p50": p50(pooled),
+        "platform_pool_create_to_exec_ms_p99": p99(pooled),
+        "platform_cold_create_to_exec_ms_p50": p50(cold),
+        "fork8_to_exec_ms_p50": p50(forks),
         "fork8_samples": fork_samples,
     }
+
+
+def p50(values: list[float]) -> float:
+    return round(statistics.median(values), 1)
+
+
+def p99(values: list[float]) -> float:
+    return round(percentile(values, 0.99), 1)
 
 
 def with_ratios(result: dict[str, Any]) -> dict[str, Any]:
