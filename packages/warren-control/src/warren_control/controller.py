@@ -75,6 +75,7 @@ from warren_control.podspec import (
     pool_pod_name,
     pool_refill_per_second,
     pool_size,
+    sandbox_workspace_id,
     spec_hash,
     unbound,
     with_workspace_id,
@@ -156,11 +157,6 @@ POOL_CREATE_GRACE_SECONDS = 60.0
 # How a Sandbox's pod started, as a condition, so the API shows it with the others: True,
 # a pool's ready pod was claimed; False, the pod was started cold, and the reason says why.
 POOL_CONDITION = "PoolClaimed"
-
-
-def _workspace_id(sandbox: Mapping[str, Any]) -> str | None:
-    found = ((sandbox.get("spec") or {}).get("workspace") or {}).get("id")
-    return str(found) if found else None
 
 
 def _cold(reason: str, message: str) -> Obj:
@@ -931,7 +927,7 @@ class Reconciler:
         if POOL_LABEL not in (meta.get("labels") or {}):
             return
         namespace = str(meta.get("namespace"))
-        if any(_workspace_id(s) == workspace_id for s in self.sandboxes.select(namespace, {})):
+        if any(sandbox_workspace_id(s) == workspace_id for s in self.sandboxes.select(namespace, {})):
             return
         try:
             release(workspace_id)

@@ -19,7 +19,7 @@ from warren_control import store
 from warren_control.controller import observe, status_for
 from warren_control.kube import Obj
 from warren_control.models import Sandbox, SandboxPhase, utcnow
-from warren_control.podspec import CONTAINER, sandbox_pod_name
+from warren_control.podspec import CONTAINER, sandbox_pod_name, sandbox_workspace_id
 
 # A record whose resource is missing this long after creation was never (or is no longer)
 # in the cluster: a crash between the two writes, or a resource deleted behind our back.
@@ -133,8 +133,8 @@ def converge(
         record.location = location
         changed = True
     # A workspace bound when the sandbox started (a pool pod's, or a new one): recorded once.
-    bound = ((obj.get("spec") or {}).get("workspace") or {}).get("id")
+    bound = sandbox_workspace_id(obj)
     if bound and not record.workspace_id:
-        record.workspace_id = str(bound)
+        record.workspace_id = bound
         changed = True
     return changed

@@ -219,6 +219,12 @@ def _mount_workspace(pod_spec: Obj, container: Obj, volume: Mapping[str, Any]) -
     container["workingDir"] = WORKSPACE_MOUNT
 
 
+def sandbox_workspace_id(sandbox: Mapping[str, Any]) -> str | None:
+    """The workspace id the Sandbox's spec holds, or None (no workspace, or not bound yet)."""
+    found = ((sandbox.get("spec") or {}).get("workspace") or {}).get("id")
+    return str(found) if found else None
+
+
 def unbound(sandbox: Mapping[str, Any]) -> bool:
     """Whether the Sandbox asks for a workspace whose id is not chosen yet: a new, empty one,
     bound by the controller to the workspace of the pool pod it claims, or to a new id when

@@ -285,13 +285,12 @@ def usage(session: Session, org_id: str) -> tuple[int, int, int]:
     return int(count), int(cpu), int(memory)
 
 
-def pooled(session: Session, org_id: str) -> int:
-    """How many of the organization's sandboxes not yet deleted were made to claim from a
-    warm pool (their spec names one)."""
+def live_specs(session: Session, org_id: str) -> list[dict[str, Any]]:
+    """The specs of the organization's sandboxes not yet deleted."""
     specs = session.scalars(
         select(Sandbox.spec).where(Sandbox.org_id == org_id, Sandbox.deleted_at.is_(None))
     )
-    return sum(1 for spec in specs if spec.get("pool"))
+    return list(specs)
 
 
 def create_sandbox(

@@ -560,17 +560,18 @@ def store_errors(call: Callable[[], tuple[int, Any, bool]]) -> tuple[int, Any, b
         raise ApiError(400, "invalid_request", str(exc)) from exc
 
 
+def claims_from_pool(spec: Mapping[str, Any]) -> bool:
+    """Whether a sandbox can take a pool's pod: it names a pool, and its workspace (if any)
+    is a new one, not a fork's or a template's, which the controller would start cold."""
+    workspace = spec.get("workspace") or {}
+    return bool(spec.get("pool")) and not workspace.get("template") and not workspace.get("fork_of")
+
+
 def bound_at_start(spec: Mapping[str, Any]) -> bool:
     """Whether a new sandbox's workspace id is the controller's to choose: a new, empty
     workspace for a pooled template, bound to the workspace of the pool pod it claims (or a
     new one if it starts cold). Every other workspace's id is chosen here."""
-    workspace = spec.get("workspace") or {}
-    return (
-        bool(spec.get("pool"))
-        and bool(workspace)
-        and not workspace.get("template")
-        and not workspace.get("fork_of")
-    )
+    return claims_from_pool(spec) and bool(spec.get("workspace"))
 
 
 def cap_pool(session: Session, org: Organization, spec: dict[str, Any]) -> None:
@@ -578,7 +579,7 @@ def cap_pool(session: Session, org: Organization, spec: dict[str, Any]) -> None:
     names no pool, and says why (the controller puts that in PoolClaimed)."""
     if not spec.get("pool") or org.pool_sandboxes_max is None:
         return
-    held = store.pooled(session, org.id)
+    held = sum(1 for held_spec in store.live_specs(session, org.id) if claims_from_pool(held_spec))
     if held >= org.pool_sandboxes_max:
         spec["pool_skipped"] = (
             f"the organization holds {held} sandboxes from warm pools, its cap of {org.pool_sandboxes_max}"
