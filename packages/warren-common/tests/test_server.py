@@ -154,3 +154,20 @@ def test_retry_on_given_codes_for_a_bounded_time(served: tuple[App, Client, Path
 def test_a_socket_nobody_serves_is_an_os_error(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         Client(str(tmp_path / "none.sock"), 5, retry_codes={"handed_over"}, retry_for=5).request("GET", "/")
+
+
+def test_many_clients_connecting_at_once_are_all_let_in(tmp_path: Path) -> None:
+    """Connects queue while the server is busy: a unix socket past a full backlog refuses
+    at once (EAGAIN), as eight CSI publishes at once met with socketserver's backlog of 5."""
+    import socket
+
+    server = Server(tmp_path / "busy.sock", [])
+    try:
+        clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(32)]
+        for client in clients:
+            client.settimeout(1)
+            client.connect(str(tmp_path / "busy.sock"))  # nothing accepts yet: all queue
+        for client in clients:
+            client.close()
+    finally:
+        server.server_close()

@@ -171,6 +171,10 @@ class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     handoff while it runs)."""
 
     daemon_threads = True
+    # socketserver's default backlog is 5; a unix socket's connect past a full backlog fails
+    # at once (EAGAIN), and a node's CSI plugin sends one request per pod volume at a time
+    # (eight children of one fork, say).
+    request_queue_size = 128
 
     def __init__(
         self,
