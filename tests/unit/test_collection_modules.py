@@ -405,3 +405,35 @@ def test_the_strategy_is_found_through_the_collections_path_in_checkout_and_whee
     # Relative to ansible.cfg, through collections/ (the wheel keeps plugins/ at that path too).
     assert found.group(1).startswith("collections/ansible_collections/warren/platform/plugins/")
     assert (ROOT / found.group(1) / "mitogen_linear.py").is_file()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell a pin from none")
+def test_what_a_play_starts_may_run_on_every_cpu(tmp_path: Path) -> None:
+    """Mitogen pins its processes to CPUs and a task's children inherit the pin: the node's
+    daemons, started by plays, would share one CPU. The strategy switches the pinning off."""
+    out = tmp_path / "cpus"
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible"),
+            "localhost",
+            "-c",
+            "local",
+            "-i",
+            "localhost,",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            "-m",
+            "shell",
+            "-a",
+            f"grep Cpus_allowed_list /proc/self/status > {out}",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    allowed = out.read_text().split()[-1]
+    cpus = sorted(os.sched_getaffinity(0))
+    assert allowed == (f"{cpus[0]}-{cpus[-1]}" if len(cpus) > 1 else str(cpus[0])), allowed

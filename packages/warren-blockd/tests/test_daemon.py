@@ -32,6 +32,14 @@ def mount_options(target: Path) -> set[str]:
     return set(options.strip().split(","))
 
 
+def metric(exposition: str, name: str) -> float:
+    """One unlabelled sample of the daemon's /metrics."""
+    for line in exposition.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} is not in the daemon's metrics")
+
+
 def test_workspace_is_a_real_ext4_mounted_nosuid_nodev(node: Blockd, tmp_path: Path) -> None:
     node.client.create("ws", 256 << 20)
     target = tmp_path / "ws"
@@ -95,6 +103,10 @@ def test_forks_of_one_mounted_source_at_once_all_succeed(node: Blockd, tmp_path:
     with ThreadPoolExecutor(len(kids)) as pool:
         results = list(pool.map(lambda kid: node.client.action("busy", "fork", children=[kid]), kids))
     assert [r["children"] for r in results] == [{kid: None} for kid in kids]
+    # Served in batches: those that came while one fork held the freeze shared the next one.
+    metrics = node.client.metrics()
+    assert metric(metrics, "blockd_fork_children_total") == len(kids)
+    assert metric(metrics, "blockd_fork_batches_total") < len(kids)
     (src / "note.txt").write_text("after the forks\n")  # the source is thawed
     target = tmp_path / kids[-1]
     node.client.action(kids[-1], "mount", target=str(target))

@@ -29,6 +29,12 @@ BACKPRESSURE_WAITS = Counter(
 SPLIT_BRAIN = Counter("blockd_split_brain", "Lanes stopped because another writer won", registry=REGISTRY)
 MOUNTED = Gauge("blockd_mounted_workspaces", "Workspaces mounted on this node", registry=REGISTRY)
 CONSOLIDATIONS = Counter("blockd_consolidations", "Manifests consolidated", registry=REGISTRY)
+FORK_FREEZES = Counter(
+    "blockd_fork_batches",
+    "Forks made, each one settle of the source (and freeze, if mounted)",
+    registry=REGISTRY,
+)
+FORK_CHILDREN = Counter("blockd_fork_children", "Children those forks made or tried", registry=REGISTRY)
 
 
 def exposition() -> bytes:
