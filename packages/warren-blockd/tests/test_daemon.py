@@ -64,6 +64,41 @@ def test_workspace_is_a_real_ext4_mounted_nosuid_nodev(node: Blockd, tmp_path: P
     assert stat.S_IMODE(target.stat().st_mode) == 0o1777
 
 
+def test_new_workspaces_of_one_size_fork_one_stored_empty_file_system(
+    node: Blockd, seaweedfs: str, bucket: str, tmp_path: Path
+) -> None:
+    """The first new workspace of a size makes its empty ext4 and keeps it; every new one of
+    that size, however many at once, is a fork of it: its own file system, empty and
+    writable by anyone, that diverges from the others."""
+    from warren_blockd.blobs.policy import PolicyStore
+    from warren_blockd.blobs.s3 import S3Driver
+
+    names = [f"new-{index}" for index in range(6)]
+    with ThreadPoolExecutor(len(names)) as pool:
+        made = list(pool.map(lambda name: node.client.create(name, 64 << 20), names))
+    blank = f"empty-ext4-{(64 << 20) // 4096}"
+    assert all(m["from"] == f"empty ext4 (a fork of {blank})" for m in made), made
+    store = PolicyStore(S3Driver(bucket, endpoint=seaweedfs, access_key="any", secret_key="any"))
+    kept = {
+        key.split("/")[1] for key in store.list("workspaces/") if key.startswith("workspaces/empty-ext4-")
+    }
+    # The blank, and the drafts of creators that lost the race to make it (released).
+    drafts = {name for name in kept if name != blank}
+    assert blank in kept and all(store.exists(f"workspaces/{d}/released") for d in drafts), kept
+    for name in names[:2]:
+        target = tmp_path / name
+        node.client.action(name, "mount", target=str(target))
+        assert {"nosuid", "nodev", "rw"} <= mount_options(target)
+        assert stat.S_IMODE(target.stat().st_mode) == 0o1777
+        assert sorted(p.name for p in target.iterdir()) == ["lost+found"]
+        (target / "own.txt").write_text(name)
+    assert (tmp_path / names[0] / "own.txt").read_text() == names[0]
+    assert (tmp_path / names[1] / "own.txt").read_text() == names[1]
+    with pytest.raises(ApiError) as err:
+        node.client.create(names[0], 64 << 20)
+    assert err.value.code == "exists"
+
+
 def test_fork_children_see_the_source_and_diverge_on_their_own(node: Blockd, tmp_path: Path) -> None:
     node.client.create("src", 256 << 20)
     src = tmp_path / "src"
@@ -168,7 +203,8 @@ def test_api_errors_are_clear_and_metrics_and_logs_are_served(node: Blockd) -> N
     text = node.client.metrics()
     assert "blockd_chunk_fetches_total" in text and "blockd_flushes_total" in text
     events = [json.loads(line) for line in node.log().splitlines() if line.startswith("{")]
-    assert any(e["event"] == "detached" and e["workspace"] == "exists-once" for e in events)
+    assert any(e["event"] == "created" and e["workspace"] == "exists-once" for e in events)
+    assert any(e["event"] == "detached" and e["workspace"].startswith("empty-ext4-") for e in events)
 
 
 def test_a_released_workspace_is_refused_by_the_daemon(

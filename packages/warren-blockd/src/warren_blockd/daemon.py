@@ -39,6 +39,7 @@ from warren_blockd.cache import ChunkCache
 from warren_blockd.chunker import chunk_image
 from warren_blockd.csi import mounts
 from warren_blockd.device import Device
+from warren_blockd.errors import NotFoundError
 from warren_blockd.fuse_wire import InitParams
 from warren_blockd.fusefs import DeviceFS
 from warren_blockd.ids import WORKSPACE_ID_RULE, valid_workspace_id
@@ -56,6 +57,12 @@ class BlockdError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def blank_id(size_bytes: int) -> str:
+    """The stored empty ext4 file system that new workspaces of `size_bytes` fork (ids of
+    this form are the daemon's own)."""
+    return f"empty-ext4-{size_bytes // BLOCK_SIZE}"
 
 
 def check_id(workspace_id: str) -> str:
@@ -368,13 +375,29 @@ class Daemon:
             }
         if not size_bytes or size_bytes % BLOCK_SIZE or size_bytes < 16 << 20:
             raise BlockdError("invalid_size", "size_bytes must be a multiple of 4096 and at least 16 MiB")
+        ws.refuse_if_released()  # a released id stays released, whatever the fork says
+        blank = Workspace(self.store, blank_id(size_bytes))
         try:
-            ws.create(size_bytes // BLOCK_SIZE)
-        except WorkspaceExistsError as exc:
-            raise BlockdError("exists", str(exc)) from None
-        att = self.attach(workspace_id)
+            made = blank.fork([workspace_id])[workspace_id]
+        except NotFoundError:  # the first of its size: make the empty file system, keep it
+            self._make_blank(blank.workspace_id, size_bytes)
+            made = blank.fork([workspace_id])[workspace_id]
+        if made:
+            raise BlockdError("exists", made)
+        log.info("created", extra={"fields": {"workspace": workspace_id, "from": blank.workspace_id}})
+        return {"workspace": workspace_id, "from": f"empty ext4 (a fork of {blank.workspace_id})"}
+
+    def _make_blank(self, blank: str, size_bytes: int) -> None:
+        """An empty ext4 file system of `size_bytes`, stored once as `blank` for every new
+        workspace of that size to fork: a fork is a few small writes where mkfs and its
+        replication cost a second or more. It is made under an id of its own and forked to
+        `blank` when complete, so a concurrent creator never forks a half-made one (the
+        loser of that race forks the winner's)."""
+        draft = f"{blank}-{uuid.uuid4().hex[:12]}"
+        Workspace(self.store, draft).create(size_bytes // BLOCK_SIZE)
+        att = self.attach(draft)
         try:
-            device = self._attach_loop(workspace_id, att)
+            device = self._attach_loop(draft, att)
             run(
                 "mkfs.ext4",
                 "-q",
@@ -390,8 +413,15 @@ class Daemon:
             # tenant; the daemon never learns the image's user to give it the directory).
             run("debugfs", "-w", "-R", "set_inode_field / mode 041777", device)
         finally:
-            receipt = self._detach(workspace_id, wait_replicated=self.settings.fork_wait)
-        return {"workspace": workspace_id, "from": "empty ext4", "receipt": receipt.__dict__}
+            receipt = self._detach(draft, wait_replicated=self.settings.fork_wait)
+        if receipt.level != "replicated":
+            raise BlockdError(
+                "not_replicated",
+                f"the empty file system {draft} was not replicated within {self.settings.fork_wait}s; "
+                "storage may be unreachable",
+            )
+        Workspace(self.store, draft).fork([blank])  # losing to another creator is fine
+        Workspace(self.store, draft).release()  # the blank keeps the generation it stands on
 
     def _import(self, image: Path) -> Manifest:
         """Chunk an ext4 image along its files and upload the chunks, many at a time."""

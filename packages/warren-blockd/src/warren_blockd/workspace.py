@@ -64,7 +64,7 @@ class Workspace:
     def _released_key(self) -> str:
         return f"{self.prefix}released"
 
-    def _refuse_if_released(self) -> None:
+    def refuse_if_released(self) -> None:
         # One HEAD on paths that already list and read manifests: cheap beside them.
         if self.store.exists(self._released_key):
             raise WorkspaceReleasedError(
@@ -82,7 +82,7 @@ class Workspace:
 
     def _publish_generation(self, generation: int, log_seq: int, body: bytes) -> None:
         if generation == 0:  # a new workspace: a released id's leftovers must not come back
-            self._refuse_if_released()
+            self.refuse_if_released()
         try:
             self.store.put(self._manifest_key(generation, log_seq), body, create_only=True)
         except PreconditionFailedError:
@@ -92,7 +92,7 @@ class Workspace:
 
     def _generations(self) -> list[tuple[int, int, str]]:
         """(generation, log_seq, key) of every stored generation, oldest first."""
-        self._refuse_if_released()
+        self.refuse_if_released()
         found = []
         for key in self.store.list(f"{self.prefix}manifests/"):
             generation, _, log_seq = key.rsplit("/", 1)[1].partition("-")
