@@ -208,6 +208,39 @@ def test_a_create_of_the_base_template_claims_a_warm_pod_with_a_new_workspace_of
         made.remove(sandbox_id)
 
 
+def test_a_mount_made_under_a_running_pool_pods_workspace_is_never_seen_inside_it(
+    env: dict[str, str], state: Path, settings: ClusterConfig
+) -> None:
+    """Why a fork's children start cold rather than from the pool: a pool pod would have to
+    take the forked workspace after its gVisor sandbox started. The host mounts a file system
+    beneath a ready pool pod's workspace, as a claim would have to; inside, the sandbox still
+    sees its own empty directory there (the gofer serves the mounts it was given at start),
+    never what was mounted later."""
+    if not settings.sandbox_workspaces:
+        pytest.skip("the pool's pods carry workspaces, which this deployment does not have")
+    wait_for(lambda: full(env, state), 300, "the base pool to be full")
+    kube = ("--kubeconfig", str(state / "admin.kubeconfig"), "-n", "warren-sandboxes")
+    pods = json.loads(
+        ok(run(env, "kubectl", *kube, "get", "pods", "-l", "warren.dev/pool=base", "-o", "json"))
+    )
+    pod = pods["items"][0]["metadata"]
+    volume = state / "node" / "kubelet" / "pods" / pod["uid"] / "volumes" / "kubernetes.io~csi" / "workspace"
+    late = volume / "mount" / "late"
+    late.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "late", str(late)], check=True)
+    try:
+        (late / "marker").write_text("mounted after the sandbox started\n")
+        inside = run(env, "kubectl", *kube, "exec", pod["name"], "--", "ls", "-A", "/workspace/late")
+        assert inside.returncode == 0, inside.stderr.decode()
+        assert inside.stdout.decode().split() == [], inside.stdout
+    finally:
+        subprocess.run(["umount", str(late)], check=True)
+        late.rmdir()
+        # The pod saw the experiment: it goes, its workspace with it, and the pool refills.
+        ok(run(env, "kubectl", *kube, "delete", "pod", pod["name"], "--wait=false"))
+    wait_for(lambda: full(env, state), 300, "the base pool to refill")
+
+
 def test_an_image_the_node_lacks_is_never_pulled(env: dict[str, str], made: list[str]) -> None:
     """The local node has no registry: the deployment's pods never pull, and say so."""
     absent = "warren.invalid/no-such-image:0"
