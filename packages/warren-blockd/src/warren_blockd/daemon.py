@@ -358,9 +358,7 @@ class Daemon:
         check_id(workspace_id)
         ws = Workspace(self.store, workspace_id)
         if template:
-            error = Workspace(self.store, check_id(template)).fork([workspace_id])[workspace_id]
-            if error:
-                raise BlockdError("exists", error)
+            self._fork_into(Workspace(self.store, check_id(template)), workspace_id)
             return {"workspace": workspace_id, "from": f"template {template}"}
         if image:
             manifest = self._import(image)
@@ -378,14 +376,19 @@ class Daemon:
         ws.refuse_if_released()  # a released id stays released, whatever the fork says
         blank = Workspace(self.store, blank_id(size_bytes))
         try:
-            made = blank.fork([workspace_id])[workspace_id]
+            self._fork_into(blank, workspace_id)
         except NotFoundError:  # the first of its size: make the empty file system, keep it
             self._make_blank(blank.workspace_id, size_bytes)
-            made = blank.fork([workspace_id])[workspace_id]
-        if made:
-            raise BlockdError("exists", made)
+            self._fork_into(blank, workspace_id)
         log.info("created", extra={"fields": {"workspace": workspace_id, "from": blank.workspace_id}})
         return {"workspace": workspace_id, "from": f"empty ext4 (a fork of {blank.workspace_id})"}
+
+    @staticmethod
+    def _fork_into(source: Workspace, workspace_id: str) -> None:
+        """A new workspace as a fork of `source` (raises NotFoundError if there is none)."""
+        error = source.fork([workspace_id])[workspace_id]
+        if error:
+            raise BlockdError("exists", error)
 
     def _make_blank(self, blank: str, size_bytes: int) -> None:
         """An empty ext4 file system of `size_bytes`, stored once as `blank` for every new
