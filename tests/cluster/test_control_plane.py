@@ -208,14 +208,17 @@ def test_a_create_of_the_base_template_claims_a_warm_pod_with_a_new_workspace_of
         made.remove(sandbox_id)
 
 
-def test_a_mount_made_under_a_running_pool_pods_workspace_is_never_seen_inside_it(
+def test_a_mount_made_under_a_running_pool_pods_workspace_is_seen_only_by_a_container_started_after_it(
     env: dict[str, str], state: Path, settings: ClusterConfig
 ) -> None:
-    """Why a fork's children start cold rather than from the pool: a pool pod would have to
-    take the forked workspace after its gVisor sandbox started. The host mounts a file system
-    beneath a ready pool pod's workspace, as a claim would have to; inside, the sandbox still
-    sees its own empty directory there (the gofer serves the mounts it was given at start),
-    never what was mounted later."""
+    """What a fork's children can take from a pool under gVisor. A pool pod would have to take
+    the forked workspace after its gVisor sandbox started. The host mounts a file system
+    beneath a ready pool pod's workspace, as a claim would have to. The container already
+    running still sees its own empty directory there (its gofer serves the mounts it was
+    given when it started), never what was mounted later; a container started in the same
+    sandbox afterwards (an ephemeral container through the pod's ephemeralcontainers
+    subresource, allowed by the floor) mounts the same volume and sees the new file system,
+    and its writes reach the host's."""
     if not settings.sandbox_workspaces:
         pytest.skip("the pool's pods carry workspaces, which this deployment does not have")
     wait_for(lambda: full(env, state), 300, "the base pool to be full")
@@ -223,21 +226,48 @@ def test_a_mount_made_under_a_running_pool_pods_workspace_is_never_seen_inside_i
     pods = json.loads(
         ok(run(env, "kubectl", *kube, "get", "pods", "-l", "warren.dev/pool=base", "-o", "json"))
     )
-    pod = pods["items"][0]["metadata"]
-    volume = state / "node" / "kubelet" / "pods" / pod["uid"] / "volumes" / "kubernetes.io~csi" / "workspace"
+    pod = pods["items"][0]
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    volume = state / "node" / "kubelet" / "pods" / uid / "volumes" / "kubernetes.io~csi" / "workspace"
     late = volume / "mount" / "late"
     late.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "late", str(late)], check=True)
+
+    def listing(container: str) -> list[str]:
+        inside = run(env, "kubectl", *kube, "exec", name, "-c", container, "--", "ls", "-A", "/workspace/late")
+        assert inside.returncode == 0, inside.stderr.decode()
+        return inside.stdout.decode().split()
+
     try:
         (late / "marker").write_text("mounted after the sandbox started\n")
-        inside = run(env, "kubectl", *kube, "exec", pod["name"], "--", "ls", "-A", "/workspace/late")
-        assert inside.returncode == 0, inside.stderr.decode()
-        assert inside.stdout.decode().split() == [], inside.stdout
+        assert listing("sandbox") == []
+        container = {
+            "name": "late",
+            "image": pod["spec"]["containers"][0]["image"],
+            "imagePullPolicy": "Never",
+            "command": ["sleep", "600"],
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}],
+        }
+        patch = json.dumps({"spec": {"ephemeralContainers": [container]}})
+        ok(run(env, "kubectl", *kube, "patch", "pod", name, "--subresource", "ephemeralcontainers", "-p", patch))
+
+        def late_running() -> bool:
+            seen = json.loads(ok(run(env, "kubectl", *kube, "get", "pod", name, "-o", "json")))
+            statuses = seen["status"].get("ephemeralContainerStatuses") or []
+            return any("running" in (status.get("state") or {}) for status in statuses)
+
+        wait_for(late_running, 120, "the ephemeral container to run")
+        assert listing("late") == ["marker"]
+        written = run(env, "kubectl", *kube, "exec", name, "-c", "late", "--", "touch", "/workspace/late/written")
+        assert written.returncode == 0, written.stderr.decode()
+        assert (late / "written").exists()
+        assert listing("sandbox") == []  # the first container's view never changes
     finally:
         subprocess.run(["umount", str(late)], check=True)
         late.rmdir()
         # The pod saw the experiment: it goes, its workspace with it, and the pool refills.
-        ok(run(env, "kubectl", *kube, "delete", "pod", pod["name"], "--wait=false"))
+        ok(run(env, "kubectl", *kube, "delete", "pod", name, "--wait=false"))
     wait_for(lambda: full(env, state), 300, "the base pool to refill")
 
 
