@@ -4,9 +4,13 @@ client, as kubelet would call), a real warren-blockd daemon, a real SeaweedFS, r
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
+import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,6 +298,91 @@ def test_fork_of_a_published_workspace_sees_its_files_and_diverges(csi: Csi) -> 
     assert published[-1]["workspace"] == "ws-b" and published[-1]["how"] == "forked"
     csi.unpublish("csi-vol-b")
     csi.unpublish("csi-vol-a")
+
+
+def bind_call(port: int, token: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """One call to the plugin's bind API, as the controller makes it."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/bind",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:  # noqa: S310 (an http URL made here)
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_bind_at_claim_volume_is_published_empty_and_takes_its_workspace_at_the_bind(
+    node: Blockd, tmp_path: Path
+) -> None:
+    """A warm pool pod's volume for a fork's child: published with nothing mounted, then
+    bound through the bind API (real TCP, the token) to a fork of a published workspace."""
+    token = secrets.token_hex(16)
+    (tmp_path / "token").write_text(token + "\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    plugin = CsiPluginProcess(
+        tmp_path / "csi",
+        node.socket,
+        "test-node",
+        "--bind-listen",
+        f"127.0.0.1:{port}",
+        "--bind-token-file",
+        str(tmp_path / "token"),
+    )
+    channel = grpc.insecure_channel(f"unix:{plugin.endpoint}")
+    csi = Csi(
+        plugin, csi_pb2_grpc.IdentityStub(channel), csi_pb2_grpc.NodeStub(channel), None, tmp_path / "pods"
+    )  # type: ignore[arg-type]
+    try:
+        parent = csi.publish("csi-parent", pod_context(pod="parent", workspace="ws-parent", size="64Mi"))
+        (parent / "note.txt").write_text("the parent's\n")
+        waiting = csi.publish("csi-pool", pod_context(pod="pool-1", bindAtClaim="true"))
+        assert waiting.is_dir() and mounts_at(waiting) == 0
+        csi.publish("csi-pool", pod_context(pod="pool-1", bindAtClaim="true"))  # a repeat: the same
+
+        body = {"pod_uid": "uid-pool-1", "workspace": "ws-child", "forkOf": "ws-parent"}
+        status, answer = bind_call(port, "not-the-token", body)
+        assert (status, answer["error"]) == (401, "unauthorized")
+        assert mounts_at(waiting) == 0
+        status, answer = bind_call(port, token, {**body, "pod_uid": "uid-nobody"})
+        assert (status, answer["error"]) == (404, "not_found"), answer
+        status, answer = bind_call(port, token, {**body, "forkOf": "ws-absent"})
+        assert (status, answer["error"]) == (404, "not_found"), answer
+        assert mounts_at(waiting) == 0  # a failed bind leaves the volume awaiting its claim
+        status, answer = bind_call(port, token, {**body, "size": "huge"})
+        assert (status, answer["error"]) == (400, "bad_request"), answer
+
+        status, answer = bind_call(port, token, body)
+        assert status == 200, answer
+        assert answer == {"workspace": "ws-child", "how": "forked"}
+        assert (waiting / "note.txt").read_text() == "the parent's\n"
+        assert mount_options(waiting) is not None and {"nosuid", "nodev"} <= mount_options(waiting)  # type: ignore[operator]
+        (waiting / "note.txt").write_text("the child's\n")
+        assert (parent / "note.txt").read_text() == "the parent's\n"
+        assert bind_call(port, token, body) == (200, {"workspace": "ws-child", "how": "already bound"})
+        status, answer = bind_call(port, token, {**body, "workspace": "ws-other"})
+        assert (status, answer["error"]) == (409, "conflict"), answer
+
+        # Never bound: its unpublish removes the directory and the record, nothing else.
+        idle = csi.publish("csi-idle", pod_context(pod="pool-2", bindAtClaim="true"))
+        csi.unpublish("csi-idle")
+        assert not idle.exists()
+        status, answer = bind_call(port, token, {**body, "pod_uid": "uid-pool-2", "workspace": "ws-late"})
+        assert (status, answer["error"]) == (404, "not_found"), answer
+
+        csi.unpublish("csi-pool")  # bound: flushed and replicated like any publication
+        again = csi.publish("csi-again", pod_context(pod="later", workspace="ws-child"))
+        assert (again / "note.txt").read_text() == "the child's\n"
+        csi.unpublish("csi-again")
+        csi.unpublish("csi-parent")
+    finally:
+        channel.close()
+        plugin.stop()
 
 
 def test_invalid_requests_are_refused_with_the_problem_named(csi: Csi) -> None:

@@ -24,10 +24,14 @@ def test_attributes_of_the_control_planes_volumes_parse() -> None:
             "forkOf": "ws_parent",
         }
     )
+    assert isinstance(request, attributes.VolumeRequest)
     assert request.workspace == "ws_abcdefghijklmnopqrstuvwxyz"
     assert request.size_bytes == 10 << 30 and request.fork_of == "ws_parent" and request.template is None
     assert (request.pod_namespace, request.pod_name) == ("sandboxes", "sb-1")
-    assert attributes.parse({**EPHEMERAL, "workspace": "t", "template": "base"}).source == "base"
+    templated = attributes.parse({**EPHEMERAL, "workspace": "t", "template": "base"})
+    assert isinstance(templated, attributes.VolumeRequest) and templated.source == "base"
+    pooled = attributes.parse({**EPHEMERAL, "csi.storage.k8s.io/pod.uid": "u-1", "bindAtClaim": "true"})
+    assert pooled == attributes.AwaitingClaim("", "", "u-1")
 
 
 @pytest.mark.parametrize(
@@ -51,6 +55,9 @@ def test_sizes_are_bytes_or_binary_units(size: str, expected: int) -> None:
         ({**EPHEMERAL, "workspace": "w", "size": "16777217"}, "multiple of 4096"),
         ({**EPHEMERAL, "workspace": "w", "size": "17Ti"}, "between 16Mi and 16Ti"),
         ({**EPHEMERAL, "workspace": "w", "Size": "1Gi", "x": "y"}, "unknown volume attribute(s) Size, x"),
+        ({**EPHEMERAL, "bindAtClaim": "yes"}, 'write "true" or leave it out'),
+        ({**EPHEMERAL, "bindAtClaim": "true", "workspace": "w"}, "so workspace cannot be given too"),
+        ({**EPHEMERAL, "bindAtClaim": "true"}, "podInfoOnMount: true"),
     ],
 )
 def test_bad_attributes_are_invalid_argument_naming_the_problem(

@@ -3,6 +3,7 @@ the wrapping hook, and the client's retry on given codes."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import stat
 import threading
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 from warren_common.client import ApiError, Client, UnixConnection
-from warren_common.server import Request, RequestError, Route, Server, Text
+from warren_common.server import Request, RequestError, Route, Server, TcpServer, Text
 
 
 class BusyError(Exception):
@@ -170,4 +171,30 @@ def test_many_clients_connecting_at_once_are_all_let_in(tmp_path: Path) -> None:
         for client in clients:
             client.close()
     finally:
+        server.server_close()
+
+
+def test_a_tcp_server_answers_only_callers_with_its_token() -> None:
+    app = App()
+    server = TcpServer(("127.0.0.1", 0), app.routes(), token=b"s3cret\n", translate=app.translate)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def call(headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("POST", "/v1/things/a/echo", body=b'{"x": 1}', headers=headers)
+        answer = connection.getresponse()
+        result = answer.status, json.loads(answer.read())
+        connection.close()
+        return result
+
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
+            status, body = call(headers)
+            assert (status, body["error"]) == (401, "unauthorized"), headers
+        assert call({"Authorization": "Bearer s3cret"}) == (200, {"id": "a", "body": {"x": 1}})
+        with pytest.raises(ValueError, match="token is empty"):
+            TcpServer(("127.0.0.1", 0), app.routes(), token=b" \n")
+    finally:
+        server.shutdown()
         server.server_close()

@@ -197,6 +197,7 @@ def csi(args: argparse.Namespace) -> int:
         endpoint = endpoint_path(args.endpoint)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    bind_address, bind_token = _bind_api(args.bind_listen, args.bind_token_file)
     return run(
         PluginConfig(
             endpoint=endpoint,
@@ -205,8 +206,28 @@ def csi(args: argparse.Namespace) -> int:
             blockd_socket=args.blockd_socket or args.socket,
             plugin_dir=Path(args.kubelet_plugin_dir).resolve(),  # the daemon mounts there: absolute
             replicate_wait=args.replicate_wait,
+            bind_address=bind_address,
+            bind_token_file=bind_token,
         )
     )
+
+
+def _bind_api(listen: str | None, token_file: str | None) -> tuple[tuple[str, int] | None, Path | None]:
+    """--bind-listen HOST:PORT and --bind-token-file, checked: both or neither."""
+    if not listen and not token_file:
+        return None, None
+    if not (listen and token_file):
+        raise SystemExit("--bind-listen and --bind-token-file go together: give both, or neither")
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:  # noqa: PLR2004
+        raise SystemExit(f"--bind-listen {listen!r} is not HOST:PORT (e.g. 0.0.0.0:9810)")
+    token = Path(token_file)
+    try:
+        if not token.read_bytes().strip():
+            raise SystemExit(f"--bind-token-file {token} is empty: the bind API needs a token")
+    except OSError as exc:
+        raise SystemExit(f"--bind-token-file {token} cannot be read: {exc.strerror}") from None
+    return (host or "0.0.0.0", int(port)), token  # noqa: S104 (every address of the pod)
 
 
 def dedup(args: argparse.Namespace) -> int:
@@ -482,6 +503,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long an unpublish waits for a replicated receipt before going on with a local one",
     )
+    k.add_argument(
+        "--bind-listen",
+        metavar="HOST:PORT",
+        help="serve the bind API here (a claimed pod's bindAtClaim workspace; csi/bindapi.py)",
+    )
+    k.add_argument("--bind-token-file", help="the bind API's bearer token (from a Secret)")
     k.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     k.set_defaults(func=csi)
 

@@ -1,4 +1,5 @@
-"""JSON over HTTP on a unix socket: one route table, one error contract.
+"""JSON over HTTP on a unix socket (or TCP with a bearer token): one route table, one error
+contract.
 
 Routes are (method, pattern, handler); a pattern's `{name}` segments match any one path
 segment and reach the handler in `Request.params`. A handler returns what to send as JSON,
@@ -9,11 +10,14 @@ or `Text` (e.g. Prometheus' exposition). Every error reply is
 raised by a handler as `RequestError`; a daemon's own exceptions become refusals through its
 `translate` function. An unknown route is 404 `not_found`, a body that is not a JSON object
 400 `bad_request`, anything else 500 `internal` (logged with its traceback). The socket is
-made owner-only: whoever can connect has the daemon's authority.
+made owner-only: whoever can connect has the daemon's authority. `TcpServer` serves the same
+contract on a TCP address to callers that present its token (`Authorization: Bearer T`); any
+other caller gets 401 `unauthorized` before a route runs.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -88,7 +92,7 @@ def _nothing_around(_request: Request) -> AbstractContextManager[object]:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: Server
+    server: Server | TcpServer
 
     def log_message(self, format: str, *args: Any) -> None:  # the stdlib's name
         self.server.log.debug(format, *args)
@@ -132,6 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
         server = self.server
         path = urlsplit(self.path).path
         try:
+            server.authorize(self.headers.get("Authorization") or "")
             handler, params = server.find(self.command, path)
             request = Request(self.command, path, params, self._body())
             with server.around(request):
@@ -164,7 +169,48 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve()
 
 
-class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _Table:
+    """What both servers hold: the routes, the error translation, the wrapper around each
+    request, and who may call."""
+
+    routes: list[Route]
+    translate: Callable[[Exception], RequestError | None]
+    around: Callable[[Request], AbstractContextManager[object]]
+    log: logging.Logger
+    token: bytes | None = None
+
+    def _table(
+        self,
+        routes: Sequence[Route],
+        translate: Callable[[Exception], RequestError | None],
+        around: Callable[[Request], AbstractContextManager[object]],
+        log: logging.Logger | None,
+    ) -> None:
+        self.routes = list(routes)
+        self.translate, self.around = translate, around
+        self.log = log or logging.getLogger(__name__)
+
+    def authorize(self, header: str) -> None:
+        if self.token is None:
+            return  # a unix socket: its file mode is the authority
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token):
+            raise RequestError(
+                "unauthorized",
+                "this API needs the token it was started with",
+                "send Authorization: Bearer <token> with the token from the Secret both sides mount",
+                401,
+            )
+
+    def find(self, method: str, path: str) -> tuple[Callable[[Request], Any], dict[str, str]]:
+        for route in self.routes:
+            params = route.match(method, path)
+            if params is not None:
+                return route.handler, params
+        raise RequestError("not_found", f"no route {method} {path}", "see the daemon's API routes", 404)
+
+
+class Server(_Table, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     """Serves `routes` on the unix socket at `path` (replacing a stale one) once
     `serve_forever` runs. `translate` turns a daemon's own exceptions into refusals (None:
     an internal error); `around(request)` wraps each request's handling (e.g. holds off a
@@ -185,9 +231,7 @@ class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         around: Callable[[Request], AbstractContextManager[object]] = _nothing_around,
         log: logging.Logger | None = None,
     ) -> None:
-        self.routes = list(routes)
-        self.translate, self.around = translate, around
-        self.log = log or logging.getLogger(__name__)
+        self._table(routes, translate, around, log)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
         old = os.umask(0o077)  # the socket is the daemon's authority: its owner only
@@ -196,9 +240,25 @@ class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         finally:
             os.umask(old)
 
-    def find(self, method: str, path: str) -> tuple[Callable[[Request], Any], dict[str, str]]:
-        for route in self.routes:
-            params = route.match(method, path)
-            if params is not None:
-                return route.handler, params
-        raise RequestError("not_found", f"no route {method} {path}", "see the daemon's API routes", 404)
+
+class TcpServer(_Table, socketserver.ThreadingMixIn, socketserver.TCPServer):
+    """Serves `routes` on (host, port) to callers that send `token` as a bearer token."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        routes: Sequence[Route],
+        *,
+        token: bytes,
+        translate: Callable[[Exception], RequestError | None] = _no_translation,
+        log: logging.Logger | None = None,
+    ) -> None:
+        if not token.strip():
+            raise ValueError("the token is empty: a TCP API without one would serve anyone")
+        self._table(routes, translate, _nothing_around, log)
+        self.token = token.strip()
+        super().__init__(address, _Handler)

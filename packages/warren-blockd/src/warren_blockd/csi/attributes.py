@@ -5,6 +5,10 @@ daemon is asked for anything.
   size        a new empty workspace's size: bytes, or Ki, Mi, Gi, Ti (e.g. 10Gi)
   forkOf      if the workspace does not exist yet, make it a fork of this workspace
   template    the same, from a template workspace (forkOf and template exclude each other)
+  bindAtClaim "true": publish nothing yet. The pod starts with an empty directory there, and
+              its workspace is named later through the plugin's bind API (a warm pool's pod,
+              claimed by a fork's child); only containers started after the bind see it.
+              Excludes the other keys.
 
 Kubelet adds its own keys under `csi.storage.k8s.io/` (the pod's identity, and
 `ephemeral: "true"` for an inline volume); any other key is refused, so a misspelt
@@ -22,7 +26,8 @@ from warren_blockd.ids import WORKSPACE_ID_RULE, valid_workspace_id
 
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 EPHEMERAL = KUBELET_PREFIX + "ephemeral"
-KNOWN = ("workspace", "size", "forkOf", "template")
+KNOWN = ("workspace", "size", "forkOf", "template", "bindAtClaim")
+BIND_AT_CLAIM = "bindAtClaim"
 BINARY_UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 MIN_SIZE = 16 << 20  # the daemon's own floor for an ext4 workspace
 # The daemon keeps one bit per 4 KiB block in memory; this bounds that at 512 MiB and
@@ -46,6 +51,15 @@ class VolumeRequest:
         return self.fork_of or self.template
 
 
+@dataclass(frozen=True)
+class AwaitingClaim:
+    """A volume whose workspace is named at the pod's claim (bindAtClaim)."""
+
+    pod_namespace: str
+    pod_name: str
+    pod_uid: str
+
+
 def parse_size(text: str) -> int:
     match = SIZE.match(text.strip())
     if not match:
@@ -67,7 +81,7 @@ def _workspace_id(key: str, value: str) -> str:
     return value
 
 
-def parse(context: Mapping[str, str]) -> VolumeRequest:
+def parse(context: Mapping[str, str]) -> VolumeRequest | AwaitingClaim:
     """The pod's request from a NodePublishVolume volume_context, or INVALID_ARGUMENT."""
     if context.get(EPHEMERAL) != "true":
         raise invalid(
@@ -78,6 +92,13 @@ def parse(context: Mapping[str, str]) -> VolumeRequest:
     unknown = sorted(k for k in context if k not in KNOWN and not k.startswith(KUBELET_PREFIX))
     if unknown:
         raise invalid(f"unknown volume attribute(s) {', '.join(unknown)}: use {', '.join(KNOWN)}")
+    pod = (
+        context.get(KUBELET_PREFIX + "pod.namespace", ""),
+        context.get(KUBELET_PREFIX + "pod.name", ""),
+        context.get(KUBELET_PREFIX + "pod.uid", ""),
+    )
+    if BIND_AT_CLAIM in context:
+        return _awaiting(context, *pod)
     if not context.get("workspace"):
         raise invalid("volume attribute workspace is missing: name the workspace this volume serves")
     workspace = _workspace_id("workspace", context["workspace"])
@@ -93,10 +114,29 @@ def parse(context: Mapping[str, str]) -> VolumeRequest:
         size_bytes=size,
         fork_of=fork_of,
         template=template,
-        pod_namespace=context.get(KUBELET_PREFIX + "pod.namespace", ""),
-        pod_name=context.get(KUBELET_PREFIX + "pod.name", ""),
-        pod_uid=context.get(KUBELET_PREFIX + "pod.uid", ""),
+        pod_namespace=pod[0],
+        pod_name=pod[1],
+        pod_uid=pod[2],
     )
+
+
+def _awaiting(context: Mapping[str, str], namespace: str, name: str, uid: str) -> AwaitingClaim:
+    if context[BIND_AT_CLAIM] != "true":
+        raise invalid(
+            f'volume attribute {BIND_AT_CLAIM}={context[BIND_AT_CLAIM]!r}: write "true" or leave it out'
+        )
+    others = sorted(k for k in context if k in KNOWN and k != BIND_AT_CLAIM)
+    if others:
+        raise invalid(
+            f"volume attribute {BIND_AT_CLAIM} names the workspace at the claim, so {', '.join(others)} "
+            "cannot be given too: drop them, or drop bindAtClaim"
+        )
+    if not uid:
+        raise invalid(
+            f"{BIND_AT_CLAIM} needs the pod's uid ({KUBELET_PREFIX}pod.uid), which kubelet sends only "
+            "when the CSIDriver object has podInfoOnMount: true"
+        )
+    return AwaitingClaim(namespace, name, uid)
 
 
 def missing_size(workspace: str) -> CsiError:

@@ -6,6 +6,12 @@ forked or made from a template) at a staging directory the plugin owns,
 nosuid,nodev. Unpublish: flush and wait, bounded, for a `replicated` receipt; unbind; have
 the daemon unmount and detach. The workspace stays in object storage for the next publish,
 on this node or any other.
+
+A bindAtClaim volume is published empty: a record, and the target directory with nothing
+mounted, so the pod's sandbox can start before its workspace is known. `bind` later names the
+workspace (made, forked or restored as a publish would) and mounts it at that target, where
+only a container started after it sees it (under gVisor, a container's gofer serves the
+mounts that existed when it started).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +27,7 @@ import grpc
 
 from warren_blockd.client import ApiError, Client
 from warren_blockd.csi import mounts
-from warren_blockd.csi.attributes import VolumeRequest, missing_size
+from warren_blockd.csi.attributes import AwaitingClaim, VolumeRequest, missing_size
 from warren_blockd.csi.errors import CsiError, from_api, unreachable
 from warren_blockd.csi.records import Publication, Records
 
@@ -74,6 +81,84 @@ class Publisher:
                     self._roll_back(volume_id, workspace, unmount=mounted_now)
                 raise
 
+    def publish_awaiting(self, volume_id: str, target: Path, readonly: bool, awaiting: AwaitingClaim) -> str:
+        """Record a bindAtClaim volume and make its target directory, mounting nothing."""
+        with self._lock(_volume_key(volume_id)), self._table:
+            existing = self.records.get(volume_id)
+            if existing is not None:
+                if existing.target_path != str(target) or existing.readonly != readonly:
+                    raise CsiError(
+                        Code.ALREADY_EXISTS,
+                        f"volume {volume_id} is already published at {existing.target_path} "
+                        f"{_access(existing.readonly)}: unpublish it before changing it",
+                    )
+                return "already published" if existing.awaiting else "already bound"
+            target.mkdir(mode=0o750, parents=True, exist_ok=True)
+            self.records.save(
+                Publication(
+                    volume_id,
+                    "",
+                    str(target),
+                    readonly,
+                    f"{awaiting.pod_namespace}/{awaiting.pod_name}",
+                    awaiting.pod_uid,
+                )
+            )
+        return "awaiting its claim"
+
+    def bind(self, request: VolumeRequest) -> str:
+        """Name the workspace of the bindAtClaim volume of pod `request.pod_uid` and mount it
+        at that volume's target; returns how it got there. A repeat with the same workspace
+        succeeds again; another workspace is refused (a claimed pod takes one)."""
+        found = [r for r in self.records.all() if r.pod_uid == request.pod_uid and request.pod_uid]
+        if not found:
+            raise CsiError(
+                Code.NOT_FOUND,
+                f"no volume of pod {request.pod_uid} is published on this node: bind on the node the pod "
+                "runs on, once it is running",
+            )
+        if len(found) > 1:
+            raise CsiError(
+                Code.FAILED_PRECONDITION,
+                f"pod {request.pod_uid} has {len(found)} volumes of this driver: a bind needs exactly one",
+            )
+        volume_id = found[0].volume_id
+        with self._lock(_volume_key(volume_id)):
+            record = self.records.get(volume_id)
+            if record is None:
+                raise CsiError(Code.NOT_FOUND, f"pod {request.pod_uid}'s volume was unpublished meanwhile")
+            if not record.awaiting:
+                if record.workspace == request.workspace:
+                    return "already bound"
+                raise CsiError(
+                    Code.ALREADY_EXISTS,
+                    f"pod {record.pod}'s volume is bound to workspace {record.workspace}, not "
+                    f"{request.workspace}: a claimed pod takes one workspace",
+                )
+            return self._bind(record, request)
+
+    def _bind(self, record: Publication, request: VolumeRequest) -> str:
+        workspace, target = request.workspace, Path(record.target_path)
+        with self._lock(workspace):
+            with self._table:
+                for other in self.records.all():
+                    if other.workspace == workspace:
+                        raise CsiError(
+                            Code.FAILED_PRECONDITION,
+                            f"workspace {workspace} is already published on this node for pod {other.pod}: "
+                            "a workspace has one writer; bind a new workspace id",
+                        )
+                self.records.save(replace(record, workspace=workspace))
+            mounted_now = False
+            try:
+                how = self._ensure_mounted(request)
+                mounted_now = how != "already mounted"
+                self._ensure_bound(workspace, target, record.readonly)
+                return how
+            except BaseException:
+                self._roll_back(record.volume_id, workspace, unmount=mounted_now, keep=record)
+                raise
+
     def _claim(
         self, volume_id: str, target: Path, readonly: bool, request: VolumeRequest
     ) -> Publication | None:
@@ -112,6 +197,7 @@ class Publisher:
                     str(target),
                     readonly,
                     f"{request.pod_namespace}/{request.pod_name}",
+                    request.pod_uid,
                 )
             )
             return None
@@ -229,7 +315,10 @@ class Publisher:
             raise CsiError(Code.INTERNAL, f"binding workspace {workspace} at {target}: {exc}") from None
         return False
 
-    def _roll_back(self, volume_id: str, workspace: str, *, unmount: bool) -> None:
+    def _roll_back(
+        self, volume_id: str, workspace: str, *, unmount: bool, keep: Publication | None = None
+    ) -> None:
+        """Undo a publish (or a bind: `keep` is the record to go back to)."""
         try:
             if unmount:
                 self._ask(
@@ -245,7 +334,10 @@ class Publisher:
                 extra={"fields": {"workspace": workspace, "error": str(exc)}},
             )
         finally:
-            self.records.delete(volume_id)
+            if keep is not None:
+                self.records.save(keep)
+            else:
+                self.records.delete(volume_id)
 
     # -- unpublish --------------------------------------------------------------------
 
@@ -256,6 +348,15 @@ class Publisher:
         if record is None or record.target_path != str(target):
             self._clear_unrecorded(volume_id, target, record)
             return None
+        if record.awaiting:
+            with self._lock(_volume_key(volume_id)):
+                record = self.records.get(volume_id)
+                if record is not None and record.awaiting:  # never bound: nothing mounted
+                    _remove_dir(target)
+                    self.records.delete(volume_id)
+                    log.info("unpublished", extra={"fields": {"volume": volume_id, "pod": record.pod}})
+                    return None
+            return self.unpublish(volume_id, target)  # bound meanwhile
         workspace = record.workspace
         with self._lock(workspace):
             started = time.monotonic()
@@ -346,6 +447,11 @@ class Publisher:
             except mounts.MountError as exc:
                 raise CsiError(Code.INTERNAL, f"unmounting {target}: {exc}") from None
         _remove_dir(target)
+
+
+def _volume_key(volume_id: str) -> str:
+    """A volume's own lock (a bind against its unpublish), apart from the workspaces' locks."""
+    return f"volume/{volume_id}"
 
 
 def _access(readonly: bool) -> str:

@@ -20,6 +20,12 @@ class Publication:
     target_path: str
     readonly: bool
     pod: str  # namespace/name, for the logs
+    pod_uid: str = ""  # what a bind names the pod by
+    # A bindAtClaim volume not bound yet: its workspace is "" and nothing is mounted.
+
+    @property
+    def awaiting(self) -> bool:
+        return not self.workspace
 
 
 class Records:

@@ -27,7 +27,7 @@ import grpc
 
 from warren_blockd import __version__
 from warren_blockd.client import Client
-from warren_blockd.csi import DRIVER_NAME
+from warren_blockd.csi import DRIVER_NAME, bindapi
 from warren_blockd.csi.proto import csi_pb2_grpc, pluginregistration_pb2_grpc
 from warren_blockd.csi.publisher import Publisher
 from warren_blockd.csi.services import IdentityService, NodeService, RegistrationService
@@ -44,6 +44,9 @@ class PluginConfig:
     plugin_dir: Path
     replicate_wait: float = 45.0
     workers: int = 8
+    # The bind API (bindapi.py): where it listens and the file holding its token; both or neither.
+    bind_address: tuple[str, int] | None = None
+    bind_token_file: Path | None = None
 
     @property
     def registration_socket(self) -> Path:
@@ -123,6 +126,10 @@ def run(config: PluginConfig) -> int:
         RegistrationService(config.endpoint, on_registration), registration
     )
     csi.start()
+    binder = None
+    if config.bind_address and config.bind_token_file:
+        binder = bindapi.server(config.bind_address, config.bind_token_file.read_bytes(), publisher)
+        threading.Thread(target=binder.serve_forever, name="bind-api", daemon=True).start()
     # The registration socket last: kubelet calls the endpoint as soon as it sees it.
     registration_id = _listen(registration, config.registration_socket)
     registration.start()
@@ -137,6 +144,9 @@ def run(config: PluginConfig) -> int:
                 "node_id": config.node_id,
                 "blockd_socket": config.blockd_socket,
                 "plugin_dir": str(config.plugin_dir),
+                "bind_api": f"{config.bind_address[0]}:{config.bind_address[1]}"
+                if binder and config.bind_address
+                else None,
             }
         },
     )
@@ -145,6 +155,9 @@ def run(config: PluginConfig) -> int:
     # plugin has replaced it: then kubelet keeps calling that one).
     _remove_if_ours(config.registration_socket, registration_id)
     registration.stop(grace=1).wait()
+    if binder is not None:
+        binder.shutdown()
+        binder.server_close()
     csi.stop(grace=10).wait()
     _remove_if_ours(config.endpoint, endpoint_id)
     log.info("stopped", extra={"fields": {"failure": failure[0] if failure else None}})

@@ -131,13 +131,18 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             target = _target(request.target_path)
             readonly = _readonly(request)
             wanted = attributes.parse(dict(request.volume_context))
-            how = self.publisher.publish(volume_id, target, readonly, wanted)
+            if isinstance(wanted, attributes.AwaitingClaim):
+                how = self.publisher.publish_awaiting(volume_id, target, readonly, wanted)
+                workspace = None
+            else:
+                how = self.publisher.publish(volume_id, target, readonly, wanted)
+                workspace = wanted.workspace
             log.info(
                 "published",
                 extra={
                     "fields": {
                         "volume": volume_id,
-                        "workspace": wanted.workspace,
+                        "workspace": workspace,
                         "how": how,
                         "target": str(target),
                         "readonly": readonly,

@@ -1,0 +1,73 @@
+"""The plugin's bind API: the control plane names the workspace of a claimed pod's
+bindAtClaim volume. JSON over HTTP on a TCP address, to callers holding the token both sides
+mount from one Secret (sandbox pods cannot reach the address at all: the egress floor keeps
+them off private ranges; the token keeps everyone else out).
+
+  POST /v1/bind  {"pod_uid", "workspace", and one of "forkOf" | "template" | "size"}
+                 -> {"workspace", "how"}: forked, from template, created, restored, already bound
+
+The fields are the volume attributes a pod would give, checked the same way; the workspace
+is made and mounted as a publish would, at the target of the pod's awaiting volume.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+from warren_common.server import Request, RequestError, Route, TcpServer
+
+from warren_blockd.csi import attributes
+from warren_blockd.csi.errors import CsiError, invalid
+from warren_blockd.csi.publisher import Publisher
+
+log = logging.getLogger("warren_blockd.csi")
+FIELDS = ("workspace", "size", "forkOf", "template")
+# What a CSI refusal means to an HTTP caller.
+STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "bad_request"),
+    grpc.StatusCode.NOT_FOUND: (404, "not_found"),
+    grpc.StatusCode.ALREADY_EXISTS: (409, "conflict"),
+    grpc.StatusCode.FAILED_PRECONDITION: (409, "conflict"),
+    grpc.StatusCode.UNAVAILABLE: (503, "unavailable"),
+}
+
+
+def request_of(body: dict[str, Any]) -> attributes.VolumeRequest:
+    uid = body.get("pod_uid")
+    if not isinstance(uid, str) or not uid:
+        raise invalid("pod_uid is missing: name the claimed pod by its uid")
+    unknown = sorted(k for k in body if k not in (*FIELDS, "pod_uid"))
+    if unknown:
+        raise invalid(f"unknown field(s) {', '.join(unknown)}: use pod_uid, {', '.join(FIELDS)}")
+    context = {attributes.EPHEMERAL: "true", attributes.KUBELET_PREFIX + "pod.uid": uid}
+    context.update({key: str(body[key]) for key in FIELDS if body.get(key) is not None})
+    wanted = attributes.parse(context)
+    if not isinstance(wanted, attributes.VolumeRequest):  # bindAtClaim is not among FIELDS
+        raise invalid("a bind names a workspace: give workspace")
+    if not wanted.source and wanted.size_bytes is None:
+        raise attributes.missing_size(wanted.workspace)
+    return wanted
+
+
+def routes(publisher: Publisher) -> list[Route]:
+    def bind(request: Request) -> dict[str, Any]:
+        wanted = request_of(request.body)
+        how = publisher.bind(wanted)
+        fields = {"workspace": wanted.workspace, "how": how, "pod_uid": wanted.pod_uid, "from": wanted.source}
+        log.info("bound", extra={"fields": fields})
+        return {"workspace": wanted.workspace, "how": how}
+
+    return [Route("POST", "/v1/bind", bind)]
+
+
+def translate(exc: Exception) -> RequestError | None:
+    if not isinstance(exc, CsiError):
+        return None
+    status, code = STATUS.get(exc.code, (500, "internal"))
+    return RequestError(code, exc.message, "see the message; the plugin's log has the rest", status)
+
+
+def server(address: tuple[str, int], token: bytes, publisher: Publisher) -> TcpServer:
+    return TcpServer(address, routes(publisher), token=token, translate=translate, log=log)
