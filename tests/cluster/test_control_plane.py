@@ -234,7 +234,9 @@ def test_a_mount_made_under_a_running_pool_pods_workspace_is_seen_only_by_a_cont
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "late", str(late)], check=True)
 
     def listing(container: str) -> list[str]:
-        inside = run(env, "kubectl", *kube, "exec", name, "-c", container, "--", "ls", "-A", "/workspace/late")
+        inside = run(
+            env, "kubectl", *kube, "exec", name, "-c", container, "--", "ls", "-A", "/workspace/late"
+        )
         assert inside.returncode == 0, inside.stderr.decode()
         return inside.stdout.decode().split()
 
@@ -250,7 +252,20 @@ def test_a_mount_made_under_a_running_pool_pods_workspace_is_seen_only_by_a_cont
             "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}],
         }
         patch = json.dumps({"spec": {"ephemeralContainers": [container]}})
-        ok(run(env, "kubectl", *kube, "patch", "pod", name, "--subresource", "ephemeralcontainers", "-p", patch))
+        ok(
+            run(
+                env,
+                "kubectl",
+                *kube,
+                "patch",
+                "pod",
+                name,
+                "--subresource",
+                "ephemeralcontainers",
+                "-p",
+                patch,
+            )
+        )
 
         def late_running() -> bool:
             seen = json.loads(ok(run(env, "kubectl", *kube, "get", "pod", name, "-o", "json")))
@@ -259,7 +274,9 @@ def test_a_mount_made_under_a_running_pool_pods_workspace_is_seen_only_by_a_cont
 
         wait_for(late_running, 120, "the ephemeral container to run")
         assert listing("late") == ["marker"]
-        written = run(env, "kubectl", *kube, "exec", name, "-c", "late", "--", "touch", "/workspace/late/written")
+        written = run(
+            env, "kubectl", *kube, "exec", name, "-c", "late", "--", "touch", "/workspace/late/written"
+        )
         assert written.returncode == 0, written.stderr.decode()
         assert (late / "written").exists()
         assert listing("sandbox") == []  # the first container's view never changes

@@ -106,8 +106,17 @@ def test_no_secret_value_is_rendered() -> None:
     """Secrets are made on the cluster: no Secret object, no literal credential, every
     credential read from a Secret the install Job makes (embedded) or checks for (external)."""
     for stores, made in (
-        ("embedded", {"warren-stamp-key", "warren-postgres", "warren-database", "warren-object-store"}),
-        ("external", {"warren-stamp-key", *install.EXTERNAL}),
+        (
+            "embedded",
+            {
+                "warren-stamp-key",
+                "warren-blockd-bind",
+                "warren-postgres",
+                "warren-database",
+                "warren-object-store",
+            },
+        ),
+        ("external", {"warren-stamp-key", "warren-blockd-bind", *install.EXTERNAL}),
     ):
         extra = {"object_store_endpoint": "https://s3.example.com"} if stores == "external" else {}
         objects = workloads({"stores": stores, **extra})
