@@ -40,7 +40,14 @@ func run() error {
 	claimSHA256 := flag.String("claim-token-sha256", "", "start unclaimed (a pool pod): serve only /health and one POST /claim with an X-Claim-Token whose SHA-256 is this `HEX`, which sets the access token")
 	detached := flag.Bool("detach", false, "start the agent in a session of its own and return once it answers /health (for a container's postStart hook)")
 	installDir := flag.String("install", "", "copy this executable into `DIR` as DIR/"+installName+" (mode 0755) and exit, serving nothing")
+	hold := flag.Bool("hold", false, "serve nothing and wait for SIGTERM (the placeholder process that keeps a warm pool pod's sandbox up until its claim starts the sandbox's own container)")
 	flag.Parse()
+	if *hold {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		<-ctx.Done()
+		return nil
+	}
 	if *installDir != "" {
 		path, err := install(*installDir)
 		if err != nil {

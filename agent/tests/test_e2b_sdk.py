@@ -495,3 +495,19 @@ def test_a_pool_agent_serves_the_sdk_only_once_claimed(agent_binary: Path, tmp_p
         )
         with pytest.raises(AuthenticationException):
             _modules(pool_agent, "other")[0].run("true")
+
+
+def test_a_holding_agent_serves_nothing_and_ends_on_sigterm(agent_binary: Path) -> None:
+    """-hold: a warm pool pod's placeholder process until its claim starts the sandbox's own
+    container (which runs the serving agent on the same port)."""
+    port = _free_port()
+    proc = subprocess.Popen([str(agent_binary), "-hold", "-listen", f"127.0.0.1:{port}"])
+    try:
+        time.sleep(0.5)
+        assert proc.poll() is None
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()

@@ -304,6 +304,10 @@ class PoolConfig(_Model):
     size: Annotated[int, Field(ge=0, le=1000)] = 2
     # At most this many pods made per second while the pool refills.
     refill_per_second: Annotated[float, Field(ge=0.1, le=100)] = 2.0
+    # Ready pods for the children of this template's forks (the SandboxPool <name>-forks):
+    # each starts with an empty workspace volume and takes its child's fork at the claim,
+    # so a fork's children start without a cold pod start. 0: children start cold.
+    forks: Annotated[int, Field(ge=0, le=1000)] = 0
 
 
 class ServicesConfig(_Model):

@@ -652,3 +652,58 @@ def test_an_organization_at_its_pool_cap_starts_cold_and_its_sandbox_says_why(
             standin.get(record(pooled, third.json()["id"].removeprefix("sbx_")).object_name)["spec"]["pool"]
             == "base"
         )
+
+
+def test_a_fork_of_a_template_with_a_fork_pool_names_it_in_each_child_within_the_cap(
+    stack_url: str, standin: StandIn
+) -> None:
+    """With `--fork-pool base`, the children of a fork of base's sandbox name the pool
+    base-forks (whose pods take their workspace at the claim), each with its own workspace
+    id and its parent's as forkOf; they count against the organization's cap of sandboxes
+    from warm pools, and a child past it names no pool and says why."""
+    with serve_stack(
+        stack_url,
+        standin,
+        templates=TEMPLATES,
+        pools=frozenset({"base"}),
+        fork_pools=frozenset({"base"}),
+        start_wait_s=0,
+    ) as pooled:
+        org = new_org(pooled)
+        with pooled.sessions.begin() as session:
+            admin.set_pool_cap(session, org.id, 2)
+        headers = {"X-API-Key": org.key}
+        body = {"image": IMAGE, "cpu_millis": 1000, "memory_mib": 512}  # not base's size: cold
+        made = httpx.post(f"{pooled.edge}/v1/sandboxes", json=body, headers=headers)
+        other = made.json()
+        forked = httpx.post(
+            f"{pooled.edge}/v1/sandboxes/{other['id']}/fork", json={"count": 1}, headers=headers
+        )
+        (child,) = forked.json()["results"]
+        assert "pool" not in standin.get(record(pooled, child["sandbox"]["id"][4:]).object_name)["spec"]
+
+        body["memory_mib"] = 1024  # base's
+        made = httpx.post(
+            f"{pooled.edge}/v1/sandboxes", json={**body, "workspace": {"size_gib": 10}}, headers=headers
+        )
+        assert made.status_code == 201, made.text
+        parent = made.json()
+        name = record(pooled, parent["id"].removeprefix("sbx_")).object_name
+        with standin.lock:  # what the controller does once it claims or starts the parent's pod
+            standin.objects[(NAMESPACE, name)]["spec"]["workspace"]["id"] = "ws_parent"
+        forked = httpx.post(
+            f"{pooled.edge}/v1/sandboxes/{parent['id']}/fork", json={"count": 2}, headers=headers, timeout=60
+        )
+        assert forked.status_code == 200, forked.text
+        objects = [
+            standin.get(record(pooled, result["sandbox"]["id"][4:]).object_name)
+            for result in forked.json()["results"]
+        ]
+        specs = [obj["spec"] for obj in objects]
+        # The parent holds one of the two pooled places: one child claims, one starts cold.
+        assert [spec.get("pool") for spec in specs] == ["base-forks", None]
+        said = objects[1]["metadata"]["annotations"][POOL_SKIPPED_ANNOTATION]
+        assert said == "the organization holds 2 sandboxes from warm pools, its cap of 2"
+        for spec, result in zip(specs, forked.json()["results"], strict=True):
+            assert spec["workspace"]["forkOf"] == "ws_parent"
+            assert spec["workspace"]["id"] == result["sandbox"]["workspace_id"]

@@ -13,10 +13,13 @@ from typing import Any
 import pytest
 from test_controller import LOUD, NS, FakeKube, remember_all, run
 from warren_control import agentclient
+from warren_control.binder import BindError
 from warren_control.controller import ControllerOptions, Reconciler
 from warren_control.kube import Obj
 from warren_control.podspec import (
+    BIND_AT_CLAIM_ANNOTATION,
     CLAIMED_FROM_ANNOTATION,
+    HOLD_CONTAINER,
     POOL_LABEL,
     POOL_SKIPPED_ANNOTATION,
     SANDBOX_UID_LABEL,
@@ -472,3 +475,154 @@ def test_pool_pods_deleted_unclaimed_take_their_workspaces_and_claimed_ones_neve
     kube.delete_pod(NS, claimed["metadata"]["name"])
     reconciler.pod_changed("DELETED", copy.deepcopy(kube.pods[claimed["metadata"]["name"]]))
     assert pod_workspace_id(claimed) not in released
+
+
+# --- pools whose pods take their workspace at the claim (the children of forks) -------------
+
+
+class FakeBinder:
+    """The nodes' bind API as the controller calls it: what was bound, or a refusal."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.refuse = refuse
+
+    def bind(self, pod: Obj, workspace: Obj) -> str:
+        self.calls.append((pod["metadata"]["uid"], dict(workspace)))
+        if self.refuse:
+            raise BindError(self.refuse)
+        return "forked"
+
+
+def with_ephemeral_containers(kube: FakeKube) -> list[tuple[str, Obj]]:
+    """The pods/ephemeralcontainers subresource on the in-memory server."""
+    added: list[tuple[str, Obj]] = []
+
+    def add(namespace: str, name: str, container: Obj) -> Obj:
+        pod = kube.pods[name]
+        pod["spec"].setdefault("ephemeralContainers", []).append(copy.deepcopy(container))
+        added.append((name, container))
+        kube._version(pod)
+        return copy.deepcopy(pod)
+
+    kube.add_ephemeral_container = add  # type: ignore[method-assign]
+    return added
+
+
+FORK_CHILD = {"id": "ws-child", "forkOf": "ws-parent", "size": "10Gi"}
+BIND_POOL = {"size": "10Gi", "bindAtClaim": True}
+
+
+def bind_pool(
+    options: PodOptions = AGENTED,
+) -> tuple[FakeKube, Reconciler, FakeBinder, list[tuple[str, Obj]]]:
+    kube, reconciler = fresh(ControllerOptions(pod=options, quiet_start_seconds=0, workspace=blockd_volume))
+    binder = FakeBinder()
+    reconciler.binder = binder  # type: ignore[assignment]
+    added = with_ephemeral_containers(kube)
+    add_pool(kube, reconciler, "base-forks", size=2, workspace=BIND_POOL)
+    return kube, reconciler, binder, added
+
+
+def test_a_bind_at_claim_pool_pod_holds_an_empty_workspace_volume_and_runs_no_sandbox() -> None:
+    kube, reconciler, _, _ = bind_pool()
+    pods = fill(kube, reconciler, "base-forks")
+    assert len(pods) == 2
+    for pod in pods:
+        (holder,) = pod["spec"]["containers"]
+        assert holder["name"] == HOLD_CONTAINER and holder["command"][-1] == "-hold"
+        assert "volumeMounts" not in holder  # the workspace reaches no container started before the claim
+        assert holder["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"]
+        assert volume["csi"]["volumeAttributes"] == {"bindAtClaim": "true"}
+        assert pod["metadata"]["annotations"][BIND_AT_CLAIM_ANNOTATION] == "true"
+        assert pod_workspace_id(pod) is None and WORKSPACE_LABEL not in pod["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("in_image", [False, True], ids=["copied-in", "in-the-image"])
+def test_a_forks_child_claims_a_pod_binds_its_fork_there_and_then_starts_its_container(
+    in_image: bool,
+) -> None:
+    images = frozenset({"busybox"} if in_image else ())
+    kube, reconciler, binder, added = bind_pool(dataclasses.replace(AGENTED, agent_in_images=images))
+    (first, _) = fill(kube, reconciler, "base-forks")
+    token_sha256 = hashlib.sha256(b"the child's token").hexdigest()
+    sbx = kube.add_sandbox(
+        "child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256=token_sha256, env={"A": "b"}
+    )
+    remember_all(reconciler, kube)
+    seen = reconciler.reconcile(NS, "child")
+    (claimed,) = [p for p in kube.pods.values() if controller_uid(p) == sbx["metadata"]["uid"]]
+    assert binder.calls == [(claimed["metadata"]["uid"], FORK_CHILD)]
+    ((name, container),) = added
+    assert name == claimed["metadata"]["name"]
+    assert container["name"] == "sandbox" and container["image"] == "busybox"
+    assert container["command"][-2:] == ["-access-token-sha256", token_sha256]
+    assert container["command"][0] == ("/warren/agent" if in_image else "/.warren/agent")
+    assert {"name": "workspace", "mountPath": "/workspace"} in container["volumeMounts"]
+    assert container["env"] == [{"name": "A", "value": "b"}]
+    assert not {"resources", "lifecycle", "ports", "readinessProbe"} & set(container)  # not allowed there
+    # The holder is Ready, but the sandbox runs only once its own container does.
+    assert seen is not None and seen.phase == "Pending" and seen.reason == "ContainerStarting"
+    status = kube.status("child")
+    assert started(status)[:2] == ("pool", "Claimed") and "bound its workspace" in started(status)[2]
+    pod = kube.pods[claimed["metadata"]["name"]]
+    pod["status"]["ephemeralContainerStatuses"] = [{"name": "sandbox", "state": {"running": {}}}]
+    remember_all(reconciler, kube)
+    seen = reconciler.reconcile(NS, "child")
+    assert seen is not None and seen.phase == "Running"
+    assert binder.calls == [(claimed["metadata"]["uid"], FORK_CHILD)]  # one bind, one container
+    assert len(added) == 1
+    assert first["metadata"]["name"] in kube.pods
+
+
+def test_a_refused_bind_costs_the_pod_and_the_child_starts_cold_saying_why() -> None:
+    kube, reconciler, binder, added = bind_pool()
+    binder.refuse = "warren-blockd on node n refused the bind: workspace ws-parent does not exist"
+    fill(kube, reconciler, "base-forks")
+    sbx = kube.add_sandbox("child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "child")
+    path, reason, message = started(kube.status("child"))
+    assert (path, reason) == ("cold", "ClaimFailed") and "does not exist" in message
+    assert added == []
+    claimed = [
+        p for p in kube.pods.values() if (p["metadata"].get("annotations") or {}).get(CLAIMED_FROM_ANNOTATION)
+    ]
+    assert all("deletionTimestamp" in p["metadata"] for p in claimed)
+    cold = kube.pods[pod_name(sbx["metadata"]["uid"])]
+    assert cold["spec"]["volumes"][0]["csi"]["volumeAttributes"]["forkOf"] == "ws-parent"
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ({"workspace": {"id": "", "size": "10Gi"}}, "is not named yet"),
+        ({"workspace": {**FORK_CHILD, "size": "20Gi"}}, "workspace size differs"),
+        ({"workspace": FORK_CHILD, "command": ["sleep", "1"]}, "start only the agent"),
+        ({}, "this sandbox has none"),
+    ],
+)
+def test_only_a_named_workspace_of_the_pools_size_and_no_command_fit_a_bind_at_claim_pool(
+    spec: dict[str, Any], problem: str
+) -> None:
+    kube, reconciler, binder, _ = bind_pool()
+    fill(kube, reconciler, "base-forks")
+    kube.add_sandbox("a", pool="base-forks", agentTokenSha256="0" * 64, **spec)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    path, reason, message = started(kube.status("a"))
+    assert (path, reason) == ("cold", "PoolMismatch") and problem in message
+    assert binder.calls == []
+
+
+def test_without_a_bind_token_a_bind_at_claim_pool_is_never_claimed_from() -> None:
+    kube, reconciler, _, added = bind_pool()
+    reconciler.binder = None
+    fill(kube, reconciler, "base-forks")
+    kube.add_sandbox("a", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    path, reason, message = started(kube.status("a"))
+    assert (path, reason) == ("cold", "PoolMismatch") and "no bind token" in message
+    assert added == []

@@ -80,18 +80,20 @@ def _api_settings(args: argparse.Namespace, *, read_through: bool) -> Any:
         workspace_retention_s=args.workspace_retention_hours * 3600,
         templates=dict(args.template),
         pools=_pools(args),
+        fork_pools=_pools(args, fork=True),
         start_wait_s=args.start_wait,
         sandbox_domain=args.sandbox_domain,
     )
 
 
-def _pools(args: argparse.Namespace) -> frozenset[str]:
-    unknown = sorted(set(args.pool) - {name for name, _ in args.template})
+def _pools(args: argparse.Namespace, *, fork: bool = False) -> frozenset[str]:
+    flag, names = ("--fork-pool", args.fork_pool) if fork else ("--pool", args.pool)
+    unknown = sorted(set(names) - {name for name, _ in args.template})
     if unknown:
         raise SystemExit(
-            f"error: --pool {unknown[0]} names no template: give --template {unknown[0]}=IMAGE too"
+            f"error: {flag} {unknown[0]} names no template: give --template {unknown[0]}=IMAGE too"
         )
-    return frozenset(args.pool)
+    return frozenset(names)
 
 
 def _template(text: str) -> tuple[str, Any]:
@@ -261,8 +263,24 @@ def _run_controller(args: argparse.Namespace) -> None:
         ),
         workspace=blockd_volume if args.workspaces else controller.no_workspace,
         release_workspace=_release_hook(args),
+        bind=_bind_options(args.blockd_bind_token_file),
     )
     controller.run(args.watch_namespace or [args.sandbox_namespace], args.kubeconfig, options=options)
+
+
+def _bind_options(token_file: str | None) -> Any:
+    """The nodes' bind API, from the token file the Secret warren-blockd-bind is mounted as."""
+    if not token_file:
+        return None
+    from warren_control.binder import BindOptions
+
+    try:
+        token = Path(token_file).read_text().strip()
+    except OSError as exc:
+        raise SystemExit(f"--blockd-bind-token-file {token_file}: {exc.strerror}") from None
+    if not token:
+        raise SystemExit(f"--blockd-bind-token-file {token_file} is empty")
+    return BindOptions(token=token)
 
 
 def _release_hook(args: argparse.Namespace) -> Any:
@@ -574,6 +592,11 @@ def _workspace_arguments(serve: Any) -> None:
         help="the workspace layer is deployed: the API allows workspaces, the controller mounts them",
     )
     serve.add_argument(
+        "--blockd-bind-token-file",
+        help="controller: the nodes' warren-blockd bind API token (Secret warren-blockd-bind), for "
+        "pools whose pods take their workspace at the claim",
+    )
+    serve.add_argument(
         "--workspace-store",
         help="API: the bucket the nodes' warren-blockd replicate to, s3://BUCKET[/PREFIX] "
         "(or WARREN_WORKSPACE_STORE; credentials from the AWS environment variables)",
@@ -618,6 +641,14 @@ def _e2b_and_edge_arguments(serve: Any) -> None:
         metavar="NAME",
         help="api: the template NAME has a warm pool (the SandboxPool NAME in the sandbox "
         "namespace): creates it describes claim from it (repeatable)",
+    )
+    serve.add_argument(
+        "--fork-pool",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="api: the children of forks of template NAME's sandboxes claim from the SandboxPool "
+        "NAME-forks, whose pods take their workspace at the claim (repeatable)",
     )
     serve.add_argument(
         "--start-wait",

@@ -43,9 +43,12 @@ from typing import Any, Literal, cast
 import kopf
 
 from warren_control import agentclient, ids, leader
+from warren_control.binder import Binder, BindError, BindOptions
 from warren_control.informer import CoalescingQueue, Informer, Later, Store
 from warren_control.kube import ApiException, Kube, Obj, error_message
 from warren_control.podspec import (
+    BIND_AT_CLAIM_ANNOTATION,
+    CONTAINER,
     FINALIZER,
     GROUP,
     MANAGED_BY,
@@ -61,9 +64,11 @@ from warren_control.podspec import (
     PullPolicy,
     SandboxSpecError,
     add_request_arguments,
+    binds_at_claim,
     blockd_volume,
     claim_patch,
     controller_uid,
+    ephemeral_container_for,
     has_agent,
     pod_for,
     pod_name,
@@ -125,6 +130,9 @@ class ControllerOptions:
     # Removes a workspace from object storage (the workspace store's release): a pool pod
     # that goes unclaimed takes its new, empty workspace with it. None: they stay there.
     release_workspace: Callable[[str], object] | None = None
+    # How to reach the nodes' bind API, for pools whose pods take their workspace at the
+    # claim (bindAtClaim). None: such pools are never claimed from.
+    bind: BindOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +225,8 @@ def observe(sandbox: Mapping[str, Any], pod: Mapping[str, Any] | None) -> Observ
 def _observe_pod(name: str, pod: Mapping[str, Any]) -> Observation:
     phase = (pod.get("status") or {}).get("phase") or "Pending"
     waiting = _waiting(pod)
+    if phase == "Running" and (pod["metadata"].get("annotations") or {}).get(BIND_AT_CLAIM_ANNOTATION):
+        return _observe_started(name, pod)
     if phase == "Running":
         ready = _pod_condition(pod, "Ready")
         if ready and ready.get("status") == "True":
@@ -236,6 +246,25 @@ def _observe_pod(name: str, pod: Mapping[str, Any]) -> Observation:
         )
     reason, message = waiting or ("PodPending", f"pod {name} is {phase}")
     return Observation("Pending", False, reason, message)
+
+
+def _observe_started(name: str, pod: Mapping[str, Any]) -> Observation:
+    """A claimed bindAtClaim pool pod: the sandbox runs once its own container does (the
+    pod's readiness is the holding container's)."""
+    statuses = (pod.get("status") or {}).get("ephemeralContainerStatuses") or []
+    state = next((s.get("state") or {} for s in statuses if s.get("name") == CONTAINER), {})
+    if "running" in state:
+        return Observation("Running", True, "PodReady", f"pod {name} is running")
+    if "terminated" in state:
+        ended = state["terminated"]
+        message = str(ended.get("message") or f"the sandbox's container ended ({ended.get('exitCode')})")
+        return Observation("Failed", False, str(ended.get("reason") or "ContainerEnded"), message)
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
+        return Observation("Pending", False, str(waiting["reason"]), str(waiting.get("message") or ""))
+    return Observation(
+        "Pending", False, "ContainerStarting", f"starting the sandbox's container in pod {name}"
+    )
 
 
 def _now() -> str:
@@ -293,6 +322,7 @@ class Reconciler:
     def __init__(self, kube: Kube, options: ControllerOptions | None = None) -> None:
         self.kube = kube
         self.options = options or ControllerOptions()
+        self.binder = Binder(kube, self.options.bind) if self.options.bind else None
         # Sandboxes as kopf's watch delivers them (sandbox_event); pods from PodEvents.
         self.sandboxes = Store()
         self.pods = Store(index=SANDBOX_UID_LABEL)
@@ -493,7 +523,8 @@ class Reconciler:
                     continue
                 self._taken.add((namespace, name))
             attempts += 1
-            workspace_id = pod_workspace_id(candidate) if self._workspaces else None
+            bind_at_claim = binds_at_claim(pool)
+            workspace_id = pod_workspace_id(candidate) if self._workspaces and not bind_at_claim else None
             # The pod's spec hash is the bound Sandbox's, so the passes after keep it.
             owner = with_workspace_id(sandbox, workspace_id) if workspace_id else sandbox
             try:
@@ -508,15 +539,19 @@ class Reconciler:
                     break
                 continue
             self.request_pool_pass(namespace, str(pool_name))  # refill
-            if refused := self._claim_agent(sandbox, claimed):
-                # The pod is the Sandbox's but its agent would not serve it: it goes, and
-                # the Sandbox starts cold.
+            if bind_at_claim:
+                started = self._start_in(sandbox, claimed)
+                refused = started if isinstance(started, str) else None
+                claimed = started if isinstance(started, dict) else claimed
+            else:
+                refused = self._claim_agent(sandbox, claimed)
+                if refused:
+                    refused = f"the agent of pool {pool_name}'s pod refused: {refused}"
+            if refused:
+                # The pod is the Sandbox's but could not serve it: it goes, and the Sandbox
+                # starts cold.
                 self.kube.delete_pod(namespace, name, uid=claimed["metadata"]["uid"])
-                return (
-                    sandbox,
-                    None,
-                    _cold("ClaimFailed", f"the agent of pool {pool_name}'s pod refused: {refused}"),
-                )
+                return sandbox, None, _cold("ClaimFailed", refused)
             if workspace_id:
                 sandbox = self._bind(sandbox, workspace_id)
             with self._guard:
@@ -531,7 +566,8 @@ class Reconciler:
                     "type": POOL_CONDITION,
                     "status": "True",
                     "reason": "Claimed",
-                    "message": f"claimed a ready pod of pool {pool_name}",
+                    "message": f"claimed a ready pod of pool {pool_name}"
+                    + (" and bound its workspace there" if bind_at_claim else ""),
                 },
             )
         return sandbox, None, _cold("PoolEmpty", f"pool {pool_name} had no ready pod")
@@ -550,7 +586,32 @@ class Reconciler:
             return None, _cold("PoolNotFound", f"no SandboxPool {pool_name} in {namespace}")
         if misfit := pool_misfit(sandbox, pool, self.options.pod, workspaces=self._workspaces):
             return None, _cold("PoolMismatch", misfit)
+        if binds_at_claim(pool) and self.binder is None:
+            return None, _cold(
+                "PoolMismatch",
+                f"pool {pool_name} binds workspaces at the claim and this controller has no bind token",
+            )
         return pool, {}
+
+    def _start_in(self, sandbox: Obj, pod: Obj) -> Obj | str:
+        """Start the Sandbox in the bindAtClaim pool pod it claimed: its workspace bound at
+        the pod's awaiting volume by the node's warren-blockd, then its own container added
+        (the pod as it is then); why not, if it could not be done."""
+        workspace = (sandbox.get("spec") or {}).get("workspace") or {}
+        if self.binder is None:
+            return "this controller cannot bind workspaces (no bind token)"
+        try:
+            how = self.binder.bind(pod, workspace)
+            container = ephemeral_container_for(sandbox, self.options.pod)
+            started = self.kube.add_ephemeral_container(
+                pod["metadata"]["namespace"], pod["metadata"]["name"], container
+            )
+        except (BindError, SandboxSpecError) as exc:
+            return str(exc)
+        except ApiException as exc:
+            return f"adding the sandbox's container to the pool pod failed: {error_message(exc)}"
+        log.info("bound workspace %s (%s) in pod %s", workspace.get("id"), how, pod["metadata"]["name"])
+        return started
 
     def _claim_token(self, pod_name: str) -> str:
         return hmac.new(self._claim_key, pod_name.encode(), hashlib.sha256).hexdigest()

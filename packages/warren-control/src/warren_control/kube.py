@@ -191,6 +191,16 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    def add_ephemeral_container(self, namespace: str, name: str, container: Obj) -> Obj:
+        """Add a container to a running pod (its ephemeralcontainers subresource)."""
+        return self.request(
+            "PATCH",
+            self.pods_path(namespace, name) + "/ephemeralcontainers",
+            body={"spec": {"ephemeralContainers": [container]}},
+            query={"fieldManager": FIELD_MANAGER},
+            content_type="application/strategic-merge-patch+json",
+        )
+
     def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
         result = self.request("GET", self.pods_path(namespace), query={"labelSelector": label_selector})
         items: list[Obj] = result.get("items") or []

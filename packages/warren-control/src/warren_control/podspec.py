@@ -43,6 +43,11 @@ CLAIMED_FROM_ANNOTATION = "warren.dev/claimed-from"
 # organization's cap): the controller says so in PoolClaimed instead of "no pool".
 POOL_SKIPPED_ANNOTATION = "warren.dev/pool-skipped"
 POOL_POD_PREFIX = "pool-"
+# On the pods of a pool whose workspaces are bound at the claim (spec.workspace.bindAtClaim):
+# such a pod runs only HOLD_CONTAINER until its claim binds the workspace and adds the
+# sandbox's own container (CONTAINER) as an ephemeral container, which alone mounts it.
+BIND_AT_CLAIM_ANNOTATION = "warren.dev/bind-at-claim"
+HOLD_CONTAINER = "warren-hold"
 DEFAULT_POOL_REFILL_PER_SECOND = 10
 # The controller's finalizer: it keeps a Sandbox until its pod has stopped. The API creates
 # Sandboxes with it already in place, which saves the controller a write per create.
@@ -343,13 +348,18 @@ def pool_pod_for(
         raise SandboxSpecError("the SandboxPool needs metadata.name, .namespace and .uid")
     spec = pool.get("spec") or {}
     container = _container({key: spec.get(key) for key in POOL_POD_FIELDS}, options)
-    pod_spec = _pod_spec(container, options, None)
     labels = {SANDBOX_LABEL: "true", MANAGED_BY_LABEL: MANAGED_BY, POOL_LABEL: meta["name"]}
-    if workspace is not None:
-        _mount_workspace(pod_spec, container, workspace[1])
-        labels[WORKSPACE_LABEL] = workspace[0]
-    if options.agent_image:
-        _add_agent(pod_spec, container, options, ["-claim-token-sha256", claim_sha256])
+    annotations = {SPEC_HASH_ANNOTATION: pool_hash(pool)}
+    if binds_at_claim(pool):
+        pod_spec = _holding_pod_spec(container, options)
+        annotations[BIND_AT_CLAIM_ANNOTATION] = "true"
+    else:
+        pod_spec = _pod_spec(container, options, None)
+        if workspace is not None:
+            _mount_workspace(pod_spec, container, workspace[1])
+            labels[WORKSPACE_LABEL] = workspace[0]
+        if options.agent_image:
+            _add_agent(pod_spec, container, options, ["-claim-token-sha256", claim_sha256])
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -357,7 +367,7 @@ def pool_pod_for(
             "name": name,
             "namespace": meta["namespace"],
             "labels": labels,
-            "annotations": {SPEC_HASH_ANNOTATION: pool_hash(pool)},
+            "annotations": annotations,
             "ownerReferences": [
                 {
                     "apiVersion": f"{GROUP}/{VERSION}",
@@ -371,6 +381,72 @@ def pool_pod_for(
         },
         "spec": pod_spec,
     }
+
+
+def binds_at_claim(pool: Mapping[str, Any]) -> bool:
+    """Whether the pool's pods take their workspace at the claim (a fork's child, say)."""
+    return bool(((pool.get("spec") or {}).get("workspace") or {}).get("bindAtClaim"))
+
+
+def _holding_pod_spec(container: Obj, options: PodOptions) -> Obj:
+    """A bindAtClaim pool pod: its gVisor sandbox started, its network set up, and nothing
+    of any sandbox in it. It runs only the agent's binary holding the sandbox up (with the
+    size and reservation the claiming Sandbox's container would have), and a workspace
+    volume published empty. Under gVisor a container's gofer serves the mounts that existed
+    when it started, so the workspace bound at the claim reaches only the sandbox's
+    container started after it (ephemeral_container_for), never this one."""
+    if not options.agent_image:
+        raise SandboxSpecError(
+            "a pool whose workspaces are bound at the claim needs the agent (--agent-image)"
+        )
+    hold: Obj = {
+        "name": HOLD_CONTAINER,
+        "image": options.agent_image,
+        "imagePullPolicy": options.image_pull_policy,
+        "command": [AGENT_IN_IMAGE, "-hold"],
+        "resources": container["resources"],
+        "securityContext": container["securityContext"],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec = _pod_spec(hold, options, None)
+    pod_spec["volumes"] = [
+        {
+            "name": WORKSPACE_VOLUME,
+            "csi": {"driver": BLOCKD_DRIVER, "volumeAttributes": {"bindAtClaim": "true"}},
+        }
+    ]
+    if container["image"] not in options.agent_in_images:
+        _add_agent_volume(pod_spec, container, options)
+    return pod_spec
+
+
+def ephemeral_container_for(sandbox: Mapping[str, Any], options: PodOptions) -> Obj:
+    """The Sandbox's own container, added to the bindAtClaim pool pod it claimed once its
+    workspace is bound there: its image and environment, /workspace, and the agent as its
+    process (an ephemeral container has no postStart hook), serving the Sandbox's token.
+    Its size is the pod's, which the holding container reserved."""
+    spec = sandbox.get("spec") or {}
+    container = _container(spec, options)
+    token_sha256 = spec.get("agentTokenSha256")
+    if not token_sha256:
+        raise SandboxSpecError("a sandbox started in a bindAtClaim pool pod needs its agent token")
+    agent = AGENT_IN_IMAGE if container["image"] in options.agent_in_images else f"{AGENT_DIR}/agent"
+    mounts: list[Obj] = [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT}]
+    if agent != AGENT_IN_IMAGE:
+        mounts.append({"name": AGENT_VOLUME, "mountPath": AGENT_DIR, "readOnly": True})
+    ephemeral: Obj = {
+        "name": CONTAINER,
+        "image": container["image"],
+        "imagePullPolicy": container["imagePullPolicy"],
+        "command": [agent, "-port", str(AGENT_PORT), "-access-token-sha256", str(token_sha256)],
+        "workingDir": WORKSPACE_MOUNT,
+        "volumeMounts": mounts,
+        "securityContext": container["securityContext"],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if "env" in container:
+        ephemeral["env"] = container["env"]
+    return ephemeral
 
 
 def pool_pod_name(pool: str, suffix: str) -> str:
@@ -419,14 +495,33 @@ def _workspace_misfit(sandbox: Mapping[str, Any], pool: Mapping[str, Any]) -> st
         return f"pool {name}'s pods have a workspace and this sandbox has none" if offered else None
     if not offered:
         return f"pool {name}'s pods have no workspace and this sandbox has one"
-    if wanted.get("forkOf"):
-        return f"this sandbox's workspace is a fork and pool {name}'s pods have new, empty ones"
-    if wanted.get("id"):
-        return f"this sandbox's workspace is already made and pool {name}'s pods have new ones"
-    sizes = [parse_quantity(str(w.get("size") or DEFAULT_WORKSPACE_SIZE)) for w in (wanted, offered)]  # type: ignore[no-untyped-call]
-    if sizes[0] != sizes[1]:
+    if offered.get("bindAtClaim"):
+        return _bind_at_claim_misfit(sandbox, pool)
+    if wanted.get("forkOf") or wanted.get("id"):
+        made = "is a fork" if wanted.get("forkOf") else "is already made"
+        return f"this sandbox's workspace {made} and pool {name}'s pods have new, empty ones"
+    if not _same_size(wanted, offered):
         return f"this sandbox's workspace size differs from pool {name}'s"
     return None
+
+
+def _bind_at_claim_misfit(sandbox: Mapping[str, Any], pool: Mapping[str, Any]) -> str | None:
+    """A pool whose pods take a named workspace at the claim (a fork's, say) of its size, and
+    start the agent as the sandbox's process (its image's own command does not run)."""
+    spec = sandbox.get("spec") or {}
+    name = (pool.get("metadata") or {}).get("name")
+    if spec.get("command"):
+        return f"this sandbox runs its own command and pool {name}'s pods start only the agent"
+    if not spec["workspace"].get("id"):
+        return f"pool {name}'s pods bind a named workspace and this sandbox's is not named yet"
+    if not _same_size(spec["workspace"], (pool.get("spec") or {})["workspace"]):
+        return f"this sandbox's workspace size differs from pool {name}'s"
+    return None
+
+
+def _same_size(wanted: Mapping[str, Any], offered: Mapping[str, Any]) -> bool:
+    sizes = [parse_quantity(str(w.get("size") or DEFAULT_WORKSPACE_SIZE)) for w in (wanted, offered)]  # type: ignore[no-untyped-call]
+    return bool(sizes[0] == sizes[1])
 
 
 def _amounts(resources: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, object]]:
@@ -541,6 +636,18 @@ def _add_agent(pod_spec: Obj, container: Obj, options: PodOptions, auth: list[st
         start = [AGENT_IN_IMAGE, "-detach", "-port", str(AGENT_PORT), *auth]
         container["lifecycle"] = {"postStart": {"exec": {"command": start}}}
         return
+    _add_agent_volume(pod_spec, container, options)
+    container.setdefault("volumeMounts", []).append(
+        {"name": AGENT_VOLUME, "mountPath": AGENT_DIR, "readOnly": True}
+    )
+    # -detach returns once the agent answers, so the container counts as started only with
+    # its agent up (a failure restarts the container, and says why in its events).
+    start = [f"{AGENT_DIR}/agent", "-detach", "-port", str(AGENT_PORT), *auth]
+    container["lifecycle"] = {"postStart": {"exec": {"command": start}}}
+
+
+def _add_agent_volume(pod_spec: Obj, container: Obj, options: PodOptions) -> None:
+    """The agent's binary copied by an init container into a small volume of the pod."""
     pod_spec.setdefault("volumes", []).append(
         # In memory and small: it holds one static binary, and nothing of it outlives the pod.
         {"name": AGENT_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}
@@ -560,19 +667,14 @@ def _add_agent(pod_spec: Obj, container: Obj, options: PodOptions, auth: list[st
             "terminationMessagePolicy": "FallbackToLogsOnError",
         }
     ]
-    container.setdefault("volumeMounts", []).append(
-        {"name": AGENT_VOLUME, "mountPath": AGENT_DIR, "readOnly": True}
-    )
-    # -detach returns once the agent answers, so the container counts as started only with
-    # its agent up (a failure restarts the container, and says why in its events).
-    start = [f"{AGENT_DIR}/agent", "-detach", "-port", str(AGENT_PORT), *auth]
-    container["lifecycle"] = {"postStart": {"exec": {"command": start}}}
 
 
 def has_agent(pod: Mapping[str, Any]) -> bool:
     """Whether the pod's sandbox runs the agent: copied in by its init container, or started
     from the image (PodOptions.agent_in_images)."""
     spec = pod.get("spec") or {}
+    if (pod.get("metadata") or {}).get("annotations", {}).get(BIND_AT_CLAIM_ANNOTATION):
+        return True  # its sandbox's container runs the agent (ephemeral_container_for)
     if any(c.get("name") == AGENT_CONTAINER for c in spec.get("initContainers") or []):
         return True
     for container in spec.get("containers") or []:

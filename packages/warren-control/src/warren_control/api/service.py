@@ -43,6 +43,7 @@ WORKSPACE_WAIT_S = 30.0
 
 DEFAULT_NAMESPACE = "warren-sandboxes"
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
+FORK_POOL_SUFFIX = "-forks"
 SANDBOX_ID = re.compile(r"sbx_[a-z2-7]{26}")
 
 
@@ -81,6 +82,9 @@ class ApiSettings:
     # create the template describes names it, and the controller claims one of its pods or
     # starts cold, saying why in the sandbox's PoolClaimed condition.
     pools: frozenset[str] = frozenset()
+    # Templates whose forks' children claim from a pool (the SandboxPool <name>-forks, whose
+    # pods take the child's workspace at the claim).
+    fork_pools: frozenset[str] = frozenset()
     sandbox_domain: str | None = None
     # How long an E2B create, connect or fork waits for its sandboxes to run before it answers
     # (E2B's SDK uses a sandbox as soon as it has one); 0 answers at once.
@@ -494,10 +498,18 @@ class ApiService:
             if lifetime_s is not None:
                 check_lifetime(org, lifetime_s)
                 spec["max_lifetime_s"] = lifetime_s
+            spec.pop("pool_skipped", None)
+            template = self.pool_for(parent.spec)
+            from_pool = template in self.settings.fork_pools
+            if from_pool:
+                spec["pool"] = fork_pool_name(str(template))
             results: list[dict[str, Any]] = []
             for index in range(count):
+                child_spec = dict(spec)
+                if from_pool:
+                    cap_pool(session, org, child_spec)
                 try:
-                    child = self.new_record(session, org, user, spec)
+                    child = self.new_record(session, org, user, child_spec)
                 except store.QuotaExceeded as exc:
                     results.append({"ok": False, "error": "quota_exceeded", "message": str(exc)})
                     continue
@@ -560,6 +572,19 @@ def store_errors(call: Callable[[], tuple[int, Any, bool]]) -> tuple[int, Any, b
         raise ApiError(400, "invalid_request", str(exc)) from exc
 
 
+def fork_pool_name(template: str) -> str:
+    """The SandboxPool whose pods take the children of the template's forks."""
+    return f"{template}{FORK_POOL_SUFFIX}"
+
+
+def held_from_pool(spec: Mapping[str, Any]) -> bool:
+    """Whether a sandbox counts against its organization's cap of sandboxes from warm pools:
+    it claims a pool's pod with a new workspace, or a fork pool's with its fork."""
+    workspace = spec.get("workspace") or {}
+    forked = bool(workspace.get("fork_of")) and str(spec.get("pool") or "").endswith(FORK_POOL_SUFFIX)
+    return claims_from_pool(spec) or forked
+
+
 def claims_from_pool(spec: Mapping[str, Any]) -> bool:
     """Whether a sandbox can take a pool's pod: it names a pool, and its workspace (if any)
     is a new one, not a fork's or a template's, which the controller would start cold."""
@@ -579,7 +604,7 @@ def cap_pool(session: Session, org: Organization, spec: dict[str, Any]) -> None:
     names no pool, and says why (the controller puts that in PoolClaimed)."""
     if not spec.get("pool") or org.pool_sandboxes_max is None:
         return
-    held = sum(1 for held_spec in store.live_specs(session, org.id) if claims_from_pool(held_spec))
+    held = sum(1 for held_spec in store.live_specs(session, org.id) if held_from_pool(held_spec))
     if held >= org.pool_sandboxes_max:
         spec["pool_skipped"] = (
             f"the organization holds {held} sandboxes from warm pools, its cap of {org.pool_sandboxes_max}"

@@ -1,0 +1,107 @@
+"""Naming a claimed pool pod's workspace: the bind API of warren-blockd's CSI plugin on the
+pod's node (warren_blockd.csi.bindapi), for pools whose pods take their workspace at the
+claim (spec.workspace.bindAtClaim). The plugin is found by its pod on that node; the call
+carries the token both sides mount from the Secret warren-blockd-bind.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from warren_control.kube import Kube
+
+# The bind forks (or restores) a workspace and mounts it: a fork waits for its source's
+# writes to reach object storage, which the node's daemon bounds itself.
+BIND_TIMEOUT_S = 90.0
+
+
+class BindError(RuntimeError):
+    """The workspace could not be bound; the message says why, for the Sandbox's condition."""
+
+
+@dataclass(frozen=True)
+class BindOptions:
+    token: str
+    namespace: str = "warren-system"
+    selector: str = "app.kubernetes.io/part-of=warren,app.kubernetes.io/name=warren-blockd"
+    port: int = 9810
+
+
+class Binder:
+    def __init__(self, kube: Kube, options: BindOptions) -> None:
+        self.kube, self.options = kube, options
+        self._addresses: dict[str, str] = {}  # node -> its plugin's pod address
+        self._lock = threading.Lock()
+        self._http = httpx.Client(timeout=httpx.Timeout(BIND_TIMEOUT_S, connect=5.0))
+
+    def bind(self, pod: Mapping[str, Any], workspace: Mapping[str, Any]) -> str:
+        """Bind `workspace` (a Sandbox's spec.workspace: id, and forkOf or size) at the
+        claimed pod's awaiting volume; how the plugin made it (forked, restored, ...)."""
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if not node:
+            raise BindError("the pool pod has no node")
+        body: dict[str, Any] = {"pod_uid": pod["metadata"]["uid"], "workspace": str(workspace["id"])}
+        if workspace.get("forkOf"):
+            body["forkOf"] = str(workspace["forkOf"])
+        elif workspace.get("size"):
+            body["size"] = str(workspace["size"])
+        for attempt in range(2):
+            address = self._address(node, fresh=attempt > 0)
+            try:
+                answer = self._http.post(
+                    f"http://{address}:{self.options.port}/v1/bind",
+                    json=body,
+                    headers={"Authorization": f"Bearer {self.options.token}"},
+                )
+            except httpx.ConnectError:
+                continue  # the plugin's pod was replaced (a rollout): look again, once
+            except httpx.HTTPError as exc:
+                raise BindError(f"warren-blockd on node {node} did not answer the bind: {exc}") from exc
+            if answer.status_code != httpx.codes.OK:
+                raise BindError(f"warren-blockd on node {node} refused the bind: {_message(answer)}")
+            return str(answer.json().get("how"))
+        raise BindError(f"warren-blockd on node {node} could not be reached for the bind")
+
+    def _address(self, node: str, *, fresh: bool) -> str:
+        with self._lock:
+            if not fresh and node in self._addresses:
+                return self._addresses[node]
+        found = self.kube.request(
+            "GET",
+            self.kube.pods_path(self.options.namespace),
+            query={"labelSelector": self.options.selector, "fieldSelector": f"spec.nodeName={node}"},
+        )
+        ready = [
+            p
+            for p in found.get("items") or []
+            if (p.get("status") or {}).get("podIP")
+            and not p["metadata"].get("deletionTimestamp")
+            and _ready(p)
+        ]
+        if not ready:
+            raise BindError(f"no ready warren-blockd pod on node {node}")
+        # During a rollout the newest one serves: it has taken the node's workspaces over.
+        newest = max(ready, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
+        address = str(newest["status"]["podIP"])
+        with self._lock:
+            self._addresses[node] = address
+        return address
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def _message(answer: httpx.Response) -> str:
+    try:
+        return str(answer.json().get("message") or answer.text)
+    except ValueError:
+        return answer.text[:500]
