@@ -531,7 +531,9 @@ def test_a_bind_at_claim_pool_pod_holds_an_empty_workspace_volume_and_runs_no_sa
     for pod in pods:
         (holder,) = pod["spec"]["containers"]
         assert holder["name"] == HOLD_CONTAINER and holder["command"][-1] == "-hold"
-        assert "volumeMounts" not in holder  # the workspace reaches no container started before the claim
+        # Mounted (kubelet publishes only what a container mounts), read-only, and empty: a
+        # container's view under gVisor is what it started with (the cluster tier proves it).
+        assert holder["volumeMounts"] == [{"name": "workspace", "mountPath": "/workspace", "readOnly": True}]
         assert holder["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}
         (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"]
         assert volume["csi"]["volumeAttributes"] == {"bindAtClaim": "true"}
@@ -626,3 +628,21 @@ def test_without_a_bind_token_a_bind_at_claim_pool_is_never_claimed_from() -> No
     path, reason, message = started(kube.status("a"))
     assert (path, reason) == ("cold", "PoolMismatch") and "no bind token" in message
     assert added == []
+
+
+def test_a_claim_cut_short_before_its_container_is_finished_by_the_next_pass() -> None:
+    """The pass that claimed a bindAtClaim pod ended before the sandbox's container was
+    added (the controller crashed, say): the next pass binds and adds it, once."""
+    kube, reconciler, binder, added = bind_pool()
+    fill(kube, reconciler, "base-forks")
+    kube.add_sandbox("child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
+    remember_all(reconciler, kube)
+    real = reconciler._start_in
+    reconciler._start_in = lambda sandbox, pod: pod  # type: ignore[method-assign]  # the crash
+    reconciler.reconcile(NS, "child")
+    assert added == [] and binder.calls == []
+    reconciler._start_in = real  # type: ignore[method-assign]
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "child")
+    reconciler.reconcile(NS, "child")
+    assert len(added) == 1 and len(binder.calls) == 1

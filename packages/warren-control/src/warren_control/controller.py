@@ -248,6 +248,16 @@ def _observe_pod(name: str, pod: Mapping[str, Any]) -> Observation:
     return Observation("Pending", False, reason, message)
 
 
+def _awaiting_its_container(pod: Mapping[str, Any]) -> bool:
+    """A bindAtClaim pool pod a Sandbox claimed, whose sandbox container is not there yet."""
+    if not (pod["metadata"].get("annotations") or {}).get(BIND_AT_CLAIM_ANNOTATION):
+        return False
+    if pool_of(pod) is not None:
+        return False  # still the pool's
+    added = (pod.get("spec") or {}).get("ephemeralContainers") or []
+    return not any(c.get("name") == CONTAINER for c in added)
+
+
 def _observe_started(name: str, pod: Mapping[str, Any]) -> Observation:
     """A claimed bindAtClaim pool pod: the sandbox runs once its own container does (the
     pod's readiness is the holding container's)."""
@@ -339,6 +349,9 @@ class Reconciler:
         # shows that pod (a second pass in between would make it again, or claim another);
         # and the names of pool pods claimed here that the watch may still show unclaimed.
         self._unseen: dict[str, Obj] = {}
+        # bindAtClaim pool pods (uid) given their sandbox's container here, until they go:
+        # the watch may show such a pod as it was before, and the container goes in once.
+        self._started_pods: set[str] = set()
         # Sandbox uid -> (when its pod was made here, how it started (POOL_CONDITION)), while
         # no status has been written for it (see _quiet).
         self._starting: dict[str, tuple[float, Obj | None]] = {}
@@ -480,17 +493,7 @@ class Reconciler:
             return sandbox, observe(sandbox, pod)
 
         if pod is not None and not _terminating(pod):
-            annotations = pod["metadata"].get("annotations") or {}
-            if annotations.get(SPEC_HASH_ANNOTATION) != spec_hash(sandbox):
-                # A pod's spec is immutable: replace it. The new one is made once the
-                # old one is gone (its DELETED event, or the next pass).
-                pod = self._delete(pod)
-                log.info(
-                    "the spec of %s/%s changed: replacing pod %s",
-                    namespace,
-                    sandbox["metadata"]["name"],
-                    name,
-                )
+            pod = self._keep_or_replace(sandbox, pod)
         start: Obj | None = None
         if pod is None:
             sandbox, pod, start = self._claim(sandbox)
@@ -502,6 +505,32 @@ class Reconciler:
                 return sandbox, created
             pod = created
         return sandbox, dataclasses.replace(observe(sandbox, pod), pod=pod["metadata"]["name"], start=start)
+
+    def _keep_or_replace(self, sandbox: Obj, pod: Obj) -> Obj | None:
+        """The Sandbox's running pod as this pass leaves it: kept, finished (a claimed
+        bindAtClaim pod given its container), or deleted to be made again (None, or the
+        pod as it is being deleted)."""
+        namespace, name = sandbox["metadata"]["namespace"], pod["metadata"]["name"]
+        annotations = pod["metadata"].get("annotations") or {}
+        if annotations.get(SPEC_HASH_ANNOTATION) != spec_hash(sandbox):
+            # A pod's spec is immutable: replace it. The new one is made once the old one
+            # is gone (its DELETED event, or the next pass).
+            log.info(
+                "the spec of %s/%s changed: replacing pod %s", namespace, sandbox["metadata"]["name"], name
+            )
+            return self._delete(pod)
+        with self._guard:
+            started_here = pod["metadata"]["uid"] in self._started_pods
+        if not started_here and _awaiting_its_container(pod):
+            # Claimed from a bindAtClaim pool, but the pass that claimed it ended before the
+            # sandbox's container was added (a crash, a lost leadership): finish, or give
+            # the pod up and start cold.
+            started = self._start_in(sandbox, pod)
+            if isinstance(started, str):
+                log.warning("pod %s could not take its sandbox: %s", name, started)
+                return self._delete(pod)
+            return started
+        return pod
 
     def _claim(self, sandbox: Obj) -> tuple[Obj, Obj | None, Obj]:
         """(the Sandbox, bound to the claimed pod's workspace if it has one; a ready pod of
@@ -610,6 +639,8 @@ class Reconciler:
             return str(exc)
         except ApiException as exc:
             return f"adding the sandbox's container to the pool pod failed: {error_message(exc)}"
+        with self._guard:
+            self._started_pods.add(str(pod["metadata"]["uid"]))
         log.info("bound workspace %s (%s) in pod %s", workspace.get("id"), how, pod["metadata"]["name"])
         return started
 
@@ -970,6 +1001,7 @@ class Reconciler:
     def pod_deleted(self, pod: Mapping[str, Any]) -> bool:
         """Wake the finalizer waiting for this pod, if one is; whether one was."""
         with self._guard:
+            self._started_pods.discard(str(pod["metadata"].get("uid")))
             wake = self._finalizing.get(controller_uid(pod) or "")
         if wake is not None:
             wake()

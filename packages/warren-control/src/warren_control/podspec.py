@@ -404,6 +404,9 @@ def _holding_pod_spec(container: Obj, options: PodOptions) -> Obj:
         "image": options.agent_image,
         "imagePullPolicy": options.image_pull_policy,
         "command": [AGENT_IN_IMAGE, "-hold"],
+        # Kubelet publishes only the volumes some container mounts. This one's view is the
+        # empty directory it starts with, whatever is bound there later.
+        "volumeMounts": [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT, "readOnly": True}],
         "resources": container["resources"],
         "securityContext": container["securityContext"],
         "terminationMessagePolicy": "FallbackToLogsOnError",
