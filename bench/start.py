@@ -26,8 +26,9 @@ measured in one run on one machine, each beside its baseline. Writes bench/resul
   every sandbox has its workspace from warren-blockd: platform_pool_create_to_exec_ms_p50
   and _p99 (the base pool's pods, each with a new workspace the sandbox is bound to),
   platform_cold_create_to_exec_ms_p50 (a size no pool holds), and fork8_to_exec_ms_p50: a
-  running sandbox forked into eight children, until each has answered a command. Its
-  figures are added to --partial's.
+  running sandbox forked into eight children, until each has answered a command (with the
+  fork pool base-forks full before each fork: fork8_children_claimed says how many children
+  of all the samples claimed one of its pods). Its figures are added to --partial's.
 
 Run it through `make bench-start`, which brings a throw-away cluster up and down, then the
 platform.
@@ -46,18 +47,20 @@ import textwrap
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 import httpx
 from control import NAMESPACE, SLEEP, ControlPlane, direct_pod_ms, get_rate, percentile, write_result
 from warren_common.testing import free_port, gvisor_pss_kib
-from warren_control.kube import Kube
+from warren_control.kube import ApiException, Kube
 from warren_control.podspec import PodOptions
 from warren_control.sdk import Client, WarrenError
 
 RESULTS = Path(__file__).parent / "results" / "start.json"
 POOL = "base"
+FORK_POOL = "base-forks"  # services.pools.base.forks
 POOL_SIZE = 4
 FORK_CHILDREN = 8
 FORK_POLL_S = 0.1
@@ -115,8 +118,8 @@ def answer(client: Client, sandbox_id: str, start: float, poll_s: float = 0.01) 
         raise RuntimeError(f"the command's output was {result.stdout!r}, {result.stderr!r}")
 
 
-def pool_ready(kube: Kube, size: int) -> bool:
-    status = kube.request("GET", kube.pools_path(NAMESPACE, POOL)).get("status") or {}
+def pool_ready(kube: Kube, size: int, name: str = POOL) -> bool:
+    status = kube.request("GET", kube.pools_path(NAMESPACE, name)).get("status") or {}
     return int(status.get("ready") or 0) >= size
 
 
@@ -323,9 +326,10 @@ def sample(client: Client, image: str, expected: str, **create: Any) -> float:
     return elapsed
 
 
-def fork_to_exec_ms(client: Client, parent: str, count: int) -> float:
-    """ms from the fork call until each of its `count` children has answered a command;
-    the children are deleted, and gone, before it returns."""
+def fork_to_exec_ms(client: Client, parent: str, count: int) -> tuple[float, int]:
+    """(ms from the fork call until each of its `count` children has answered a command,
+    how many of them claimed a pool's pod); the children are deleted, and gone, before it
+    returns."""
     start = time.monotonic()
     results = client.fork(parent, count)
     children = [r.sandbox.id for r in results if r.sandbox is not None]
@@ -336,10 +340,16 @@ def fork_to_exec_ms(client: Client, parent: str, count: int) -> float:
     with ThreadPoolExecutor(count) as pool:
         list(pool.map(lambda child: answer(client, child, start, FORK_POLL_S), children))
     elapsed = (time.monotonic() - start) * 1000
+    claimed = sum(
+        1
+        for child in children
+        for c in client.get(child).conditions
+        if c.type == "PoolClaimed" and c.status == "True"
+    )
     for child in children:
         client.delete(child)
     wait("the children to be deleted", lambda: all(gone(client, child) for child in children))
-    return elapsed
+    return elapsed, claimed
 
 
 def gone(client: Client, sandbox_id: str) -> bool:
@@ -377,11 +387,17 @@ def on_the_platform(kube: Kube, url: str, key: str, *, samples: int, fork_sample
         _, parent, _ = create_to_exec_ms(client, image, command=None)
         client.write_file(parent, "/workspace/note", b"written before the fork\n")
         forks: list[float] = []
+        claimed = 0
+        fork_pool = fork_pool_size(kube)
         for index in range(fork_samples):
             print(
                 f"platform: fork into {FORK_CHILDREN} {index + 1}/{fork_samples}", file=sys.stderr, flush=True
             )
-            forks.append(fork_to_exec_ms(client, parent, FORK_CHILDREN))
+            if fork_pool:
+                wait("the fork pool to be ready", lambda: pool_ready(kube, fork_pool, FORK_POOL))
+            elapsed, children_claimed = fork_to_exec_ms(client, parent, FORK_CHILDREN)
+            forks.append(elapsed)
+            claimed += children_claimed
         client.delete(parent)
     finally:
         client.close()
@@ -391,7 +407,19 @@ def on_the_platform(kube: Kube, url: str, key: str, *, samples: int, fork_sample
         "platform_cold_create_to_exec_ms_p50": p50(cold),
         "fork8_to_exec_ms_p50": p50(forks),
         "fork8_samples": fork_samples,
+        "fork8_children_claimed": f"{claimed}/{FORK_CHILDREN * fork_samples}",
+        "fork_pool_size": fork_pool,
     }
+
+
+def fork_pool_size(kube: Kube) -> int:
+    """The size of the fork pool, 0 if the deployment has none."""
+    try:
+        return int(kube.request("GET", kube.pools_path(NAMESPACE, FORK_POOL))["spec"]["size"])
+    except ApiException as exc:
+        if exc.status == HTTPStatus.NOT_FOUND:
+            return 0
+        raise
 
 
 def p50(values: list[float]) -> float:

@@ -14,7 +14,7 @@ import pytest
 from test_controller import LOUD, NS, FakeKube, remember_all, run
 from warren_control import agentclient
 from warren_control.binder import BindError
-from warren_control.controller import ControllerOptions, Reconciler
+from warren_control.controller import ControllerOptions, Reconciler, observe
 from warren_control.kube import Obj
 from warren_control.podspec import (
     BIND_AT_CLAIM_ANNOTATION,
@@ -566,6 +566,9 @@ def test_a_forks_child_claims_a_pod_binds_its_fork_there_and_then_starts_its_con
     assert not {"resources", "lifecycle", "ports", "readinessProbe"} & set(container)  # not allowed there
     # The holder is Ready, but the sandbox runs only once its own container does.
     assert seen is not None and seen.phase == "Pending" and seen.reason == "ContainerStarting"
+    # Its agent answering is as good as kubelet's report (which comes at kubelet's next look).
+    as_claimed = kube.pods[claimed["metadata"]["name"]]
+    assert observe(kube.sandboxes["child"], as_claimed, agent_answers=True).phase == "Running"
     status = kube.status("child")
     assert started(status)[:2] == ("pool", "Claimed") and "bound its workspace" in started(status)[2]
     pod = kube.pods[claimed["metadata"]["name"]]

@@ -14,6 +14,7 @@ import base64
 import contextlib
 import json
 import struct
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,10 @@ _STDIN_CHUNK = 256 * 1024
 # Long enough for a loaded agent to answer, short enough that a pod that went away is told
 # apart from a slow command (the stream itself has no read bound: commands may be quiet).
 CONNECT_TIMEOUT_S = 5.0
+# A sandbox reported running may have an agent not yet listening: a sandbox container added
+# to a claimed pool pod counts as running once its process (the agent) starts. A refused
+# connection sent nothing, so it is tried again for this long.
+AGENT_STARTING_S = 2.0
 
 
 class AgentError(Exception):
@@ -97,6 +102,22 @@ def claim(
         except ValueError:
             message = answer.text
         raise AgentRefused(answer.status_code, message)
+
+
+def wait_healthy(address: str, timeout_s: float, port: int = AGENT_PORT) -> bool:
+    """Whether the agent at `address` answered /health within `timeout_s` (asked every
+    20 ms while it refuses connections: its container is starting)."""
+    url = Agent(address, token="", port=port).url("/health")
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=httpx.Timeout(2.0)) as http:
+        while time.monotonic() < deadline:
+            try:
+                if http.get(url).status_code == httpx.codes.NO_CONTENT:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.02)
+    return False
 
 
 def client() -> httpx.AsyncClient:
@@ -242,7 +263,7 @@ async def start(
         "POST", agent.url("/process.Process/Start"), content=_envelope(message), headers=headers
     )
     try:
-        response = await http.send(request, stream=True)
+        response = await _send_once_listening(http, request)
     except httpx.HTTPError as exc:
         raise AgentError(f"cannot reach the agent: {exc}") from exc
     try:
@@ -263,6 +284,17 @@ async def start(
     except BaseException:
         await response.aclose()
         raise
+
+
+async def _send_once_listening(http: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    deadline = asyncio.get_running_loop().time() + AGENT_STARTING_S
+    while True:
+        try:
+            return await http.send(request, stream=True)
+        except httpx.ConnectError:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 async def read_file(http: httpx.AsyncClient, agent: Agent, path: str, max_bytes: int) -> bytes:

@@ -205,9 +205,12 @@ def _pod_condition(pod: Mapping[str, Any], kind: str) -> Obj | None:
     return None
 
 
-def observe(sandbox: Mapping[str, Any], pod: Mapping[str, Any] | None) -> Observation:
-    """The Sandbox's phase from what its pod shows. Pure: the unit tests drive it with
-    pods as the API returns them."""
+def observe(
+    sandbox: Mapping[str, Any], pod: Mapping[str, Any] | None, *, agent_answers: bool = False
+) -> Observation:
+    """The Sandbox's phase from what its pod shows (and, for a sandbox container added to a
+    claimed pool pod, whether its agent has answered: `agent_answers`). Pure: the unit tests
+    drive it with pods as the API returns them."""
     name = pod["metadata"]["name"] if pod is not None else pod_name(str(sandbox["metadata"]["uid"]))
     if _terminating(sandbox):
         return Observation("Terminating", False, "Deleting", "the sandbox is being deleted")
@@ -219,14 +222,14 @@ def observe(sandbox: Mapping[str, Any], pod: Mapping[str, Any] | None) -> Observ
         if _stopped(sandbox):
             return Observation("Terminating", False, "Stopping", f"pod {name} is stopping")
         return Observation("Pending", False, "PodReplacing", f"pod {name} is stopping and will be made again")
-    return _observe_pod(name, pod)
+    return _observe_pod(name, pod, agent_answers)
 
 
-def _observe_pod(name: str, pod: Mapping[str, Any]) -> Observation:
+def _observe_pod(name: str, pod: Mapping[str, Any], agent_answers: bool = False) -> Observation:
     phase = (pod.get("status") or {}).get("phase") or "Pending"
     waiting = _waiting(pod)
     if phase == "Running" and (pod["metadata"].get("annotations") or {}).get(BIND_AT_CLAIM_ANNOTATION):
-        return _observe_started(name, pod)
+        return _observe_started(name, pod, agent_answers)
     if phase == "Running":
         ready = _pod_condition(pod, "Ready")
         if ready and ready.get("status") == "True":
@@ -248,6 +251,13 @@ def _observe_pod(name: str, pod: Mapping[str, Any]) -> Observation:
     return Observation("Pending", False, reason, message)
 
 
+# A bindAtClaim pool refills this long after a claim (_refill_after_claim).
+REFILL_AFTER_BIND_S = 3.0
+# How long a claimed bindAtClaim pod's agent is asked for before kubelet's report is left
+# to say whether its container runs.
+AGENT_START_WAIT_S = 30.0
+
+
 def _awaiting_its_container(pod: Mapping[str, Any]) -> bool:
     """A bindAtClaim pool pod a Sandbox claimed, whose sandbox container is not there yet."""
     if not (pod["metadata"].get("annotations") or {}).get(BIND_AT_CLAIM_ANNOTATION):
@@ -258,12 +268,13 @@ def _awaiting_its_container(pod: Mapping[str, Any]) -> bool:
     return not any(c.get("name") == CONTAINER for c in added)
 
 
-def _observe_started(name: str, pod: Mapping[str, Any]) -> Observation:
+def _observe_started(name: str, pod: Mapping[str, Any], agent_answers: bool) -> Observation:
     """A claimed bindAtClaim pool pod: the sandbox runs once its own container does (the
-    pod's readiness is the holding container's)."""
+    pod's readiness is the holding container's), or once its agent, that container's
+    process, has answered (kubelet reports the container only at its next look)."""
     statuses = (pod.get("status") or {}).get("ephemeralContainerStatuses") or []
     state = next((s.get("state") or {} for s in statuses if s.get("name") == CONTAINER), {})
-    if "running" in state:
+    if "running" in state or (agent_answers and "terminated" not in state):
         return Observation("Running", True, "PodReady", f"pod {name} is running")
     if "terminated" in state:
         ended = state["terminated"]
@@ -352,6 +363,8 @@ class Reconciler:
         # bindAtClaim pool pods (uid) given their sandbox's container here, until they go:
         # the watch may show such a pod as it was before, and the container goes in once.
         self._started_pods: set[str] = set()
+        # Of those, the ones whose agent has answered (_await_agent).
+        self._agent_answers: set[str] = set()
         # Sandbox uid -> (when its pod was made here, how it started (POOL_CONDITION)), while
         # no status has been written for it (see _quiet).
         self._starting: dict[str, tuple[float, Obj | None]] = {}
@@ -504,7 +517,10 @@ class Reconciler:
             if isinstance(created, Observation):
                 return sandbox, created
             pod = created
-        return sandbox, dataclasses.replace(observe(sandbox, pod), pod=pod["metadata"]["name"], start=start)
+        with self._guard:
+            answers = pod["metadata"]["uid"] in self._agent_answers
+        seen = observe(sandbox, pod, agent_answers=answers)
+        return sandbox, dataclasses.replace(seen, pod=pod["metadata"]["name"], start=start)
 
     def _keep_or_replace(self, sandbox: Obj, pod: Obj) -> Obj | None:
         """The Sandbox's running pod as this pass leaves it: kept, finished (a claimed
@@ -567,7 +583,7 @@ class Reconciler:
                 if attempts >= CLAIM_ATTEMPTS:
                     break
                 continue
-            self.request_pool_pass(namespace, str(pool_name))  # refill
+            self._refill_after_claim(namespace, str(pool_name), later=bind_at_claim)
             if bind_at_claim:
                 started = self._start_in(sandbox, claimed)
                 refused = started if isinstance(started, str) else None
@@ -622,6 +638,18 @@ class Reconciler:
             )
         return pool, {}
 
+    def _refill_after_claim(self, namespace: str, pool: str, *, later: bool) -> None:
+        """A pool pass to refill what a claim took: at once, or for a bindAtClaim pool after
+        REFILL_AFTER_BIND_S, so that new pool pods starting do not take the CPU from the
+        claimed pods' containers starting (on two cores, eight of each at once doubled a
+        fork's time to answer)."""
+        if not later:
+            self.request_pool_pass(namespace, pool)
+            return
+        timer = threading.Timer(REFILL_AFTER_BIND_S, self.request_pool_pass, (namespace, pool))
+        timer.daemon = True
+        timer.start()
+
     def _start_in(self, sandbox: Obj, pod: Obj) -> Obj | str:
         """Start the Sandbox in the bindAtClaim pool pod it claimed: its workspace bound at
         the pod's awaiting volume by the node's warren-blockd, then its own container added
@@ -641,8 +669,25 @@ class Reconciler:
             return f"adding the sandbox's container to the pool pod failed: {error_message(exc)}"
         with self._guard:
             self._started_pods.add(str(pod["metadata"]["uid"]))
+        self._await_agent(sandbox, started)
         log.info("bound workspace %s (%s) in pod %s", workspace.get("id"), how, pod["metadata"]["name"])
         return started
+
+    def _await_agent(self, sandbox: Obj, pod: Obj) -> None:
+        """Ask the new container's agent until it answers, then pass over the Sandbox again:
+        it runs from then on, without waiting for kubelet's next look at the pod."""
+        address = (pod.get("status") or {}).get("podIP")
+        if not address:
+            return
+        uid, meta = str(pod["metadata"]["uid"]), sandbox["metadata"]
+
+        def ask() -> None:
+            if agentclient.wait_healthy(str(address), AGENT_START_WAIT_S):
+                with self._guard:
+                    self._agent_answers.add(uid)
+                self.reconcile(meta["namespace"], meta["name"])
+
+        threading.Thread(target=ask, name=f"agent-{meta['name']}", daemon=True).start()
 
     def _claim_token(self, pod_name: str) -> str:
         return hmac.new(self._claim_key, pod_name.encode(), hashlib.sha256).hexdigest()
@@ -1002,6 +1047,7 @@ class Reconciler:
         """Wake the finalizer waiting for this pod, if one is; whether one was."""
         with self._guard:
             self._started_pods.discard(str(pod["metadata"].get("uid")))
+            self._agent_answers.discard(str(pod["metadata"].get("uid")))
             wake = self._finalizing.get(controller_uid(pod) or "")
         if wake is not None:
             wake()

@@ -13,6 +13,7 @@ is made and mounted as a publish would, at the target of the pod's awaiting volu
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import grpc
@@ -53,9 +54,16 @@ def request_of(body: dict[str, Any]) -> attributes.VolumeRequest:
 
 def routes(publisher: Publisher) -> list[Route]:
     def bind(request: Request) -> dict[str, Any]:
+        began = time.monotonic()
         wanted = request_of(request.body)
         how = publisher.bind(wanted)
-        fields = {"workspace": wanted.workspace, "how": how, "pod_uid": wanted.pod_uid, "from": wanted.source}
+        fields = {
+            "workspace": wanted.workspace,
+            "how": how,
+            "pod_uid": wanted.pod_uid,
+            "from": wanted.source,
+            "bind_ms": round((time.monotonic() - began) * 1000),
+        }
         log.info("bound", extra={"fields": fields})
         return {"workspace": wanted.workspace, "how": how}
 
