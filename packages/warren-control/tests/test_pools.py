@@ -641,7 +641,7 @@ def test_a_claim_cut_short_before_its_container_is_finished_by_the_next_pass() -
     kube.add_sandbox("child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
     remember_all(reconciler, kube)
     real = reconciler._start_in
-    reconciler._start_in = lambda sandbox, pod: pod  # type: ignore[method-assign]  # the crash
+    reconciler._start_in = lambda sandbox, pod, pool=None: pod  # type: ignore[method-assign]  # the crash
     reconciler.reconcile(NS, "child")
     assert added == [] and binder.calls == []
     reconciler._start_in = real  # type: ignore[method-assign]
@@ -649,3 +649,25 @@ def test_a_claim_cut_short_before_its_container_is_finished_by_the_next_pass() -
     reconciler.reconcile(NS, "child")
     reconciler.reconcile(NS, "child")
     assert len(added) == 1 and len(binder.calls) == 1
+
+
+def test_a_bind_at_claim_pool_refills_once_its_claimed_pods_run() -> None:
+    """New pool pods would take the CPU from the claimed pods' containers starting: the
+    pool pass that refills comes once the last of them runs (or never will)."""
+    kube, reconciler, _, _ = bind_pool()
+    passes: list[tuple[str, str]] = []
+    reconciler.request_pool_pass = lambda namespace, name: passes.append((namespace, name))
+    reconciler._await_agent = lambda sandbox, pod, pool: None  # type: ignore[method-assign]  # still starting
+    fill(kube, reconciler, "base-forks")
+    for name in ("one", "two"):
+        kube.add_sandbox(
+            name, pool="base-forks", workspace={**FORK_CHILD, "id": f"ws-{name}"}, agentTokenSha256="0" * 64
+        )
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "one")
+    reconciler.reconcile(NS, "two")
+    assert passes == []  # both still starting
+    reconciler._one_started((NS, "base-forks"))
+    assert passes == []
+    reconciler._one_started((NS, "base-forks"))
+    assert passes == [(NS, "base-forks")]

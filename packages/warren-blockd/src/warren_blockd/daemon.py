@@ -216,6 +216,8 @@ class Daemon:
         # Detached before their spool drained: still uploading; a new attach waits for them.
         self._draining: dict[str, Replicator] = {}
         self._lock = threading.RLock()
+        # Attaches of one id take turns; of different ids they overlap (striped: bounded).
+        self._attach_locks = [threading.Lock() for _ in range(64)]
         # Source workspace id -> its forks: one freeze at a time, arrivals meanwhile batched.
         self._forking: dict[str, _Forks] = {}
         self._stop = threading.Event()
@@ -451,15 +453,21 @@ class Daemon:
         return manifest
 
     def attach(self, workspace_id: str) -> Attached:
-        with self._lock:
-            if workspace_id in self.attached:
-                return self.attached[workspace_id]
-            ws = Workspace(self.store, check_id(workspace_id))
-            previous = self._draining.pop(workspace_id, None)
+        """The workspace served here (its device and replication), attached if it was not.
+        The store's reads happen outside the daemon's lock: the eight children of a fork
+        attach side by side, not one after another. One attach at a time for each id."""
+        check_id(workspace_id)
+        with self._attach_locks[hash(workspace_id) % len(self._attach_locks)]:
+            with self._lock:
+                if workspace_id in self.attached:
+                    return self.attached[workspace_id]
+                previous = self._draining.pop(workspace_id, None)
+            ws = Workspace(self.store, workspace_id)
             if previous is not None:  # one uploader per spool: let the old one finish first
                 previous.close(timeout=self.settings.fork_wait, drain=True)
                 if previous.uploading():
-                    self._draining[workspace_id] = previous
+                    with self._lock:
+                        self._draining[workspace_id] = previous
                     raise BlockdError(
                         "busy", f"{workspace_id}: earlier writes are still replicating; try again later"
                     )
@@ -470,21 +478,22 @@ class Daemon:
                 ws, wdir / "spool", self.settings.backlog_bound, manifest.log_seq + 1, start=False
             )
             device = Device(manifest, self.cache, replicator, wdir / "dirty.img", self.settings.batch_bytes)
-            replicator.start()
-            att = Attached(ws, device, replicator, manifest.log_seq, consolidated_seq=manifest.log_seq)
-            self.attached[workspace_id] = att
-            self.fs.attach(workspace_id, device)
-            log.info(
-                "attached",
-                extra={
-                    "fields": {
-                        "workspace": workspace_id,
-                        "log_seq": manifest.log_seq,
-                        "extents": len(manifest.extents),
-                    }
-                },
-            )
-            return att
+            with self._lock:
+                replicator.start()
+                att = Attached(ws, device, replicator, manifest.log_seq, consolidated_seq=manifest.log_seq)
+                self.attached[workspace_id] = att
+                self.fs.attach(workspace_id, device)
+        log.info(
+            "attached",
+            extra={
+                "fields": {
+                    "workspace": workspace_id,
+                    "log_seq": manifest.log_seq,
+                    "extents": len(manifest.extents),
+                }
+            },
+        )
+        return att
 
     def _attach_loop(self, workspace_id: str, att: Attached, *options: str) -> str:
         """A loop device on the workspace's FUSE file, autoclear and held by us (loopdev.py):

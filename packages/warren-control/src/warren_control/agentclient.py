@@ -106,7 +106,7 @@ def claim(
 
 def wait_healthy(address: str, timeout_s: float, port: int = AGENT_PORT) -> bool:
     """Whether the agent at `address` answered /health within `timeout_s` (asked every
-    20 ms while it refuses connections: its container is starting)."""
+    50 ms while it refuses connections: its container is starting)."""
     url = Agent(address, token="", port=port).url("/health")
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=httpx.Timeout(2.0)) as http:
@@ -116,7 +116,7 @@ def wait_healthy(address: str, timeout_s: float, port: int = AGENT_PORT) -> bool
                     return True
             except httpx.HTTPError:
                 pass
-            time.sleep(0.02)
+            time.sleep(0.05)
     return False
 
 

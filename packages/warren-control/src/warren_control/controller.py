@@ -251,8 +251,9 @@ def _observe_pod(name: str, pod: Mapping[str, Any], agent_answers: bool = False)
     return Observation("Pending", False, reason, message)
 
 
-# A bindAtClaim pool refills this long after a claim (_refill_after_claim).
-REFILL_AFTER_BIND_S = 3.0
+# A bindAtClaim pool refills once the pods claimed from it run, or this long after a claim
+# at the latest (_refill_after_claim).
+REFILL_AT_THE_LATEST_S = 20.0
 # How long a claimed bindAtClaim pod's agent is asked for before kubelet's report is left
 # to say whether its container runs.
 AGENT_START_WAIT_S = 30.0
@@ -365,6 +366,8 @@ class Reconciler:
         self._started_pods: set[str] = set()
         # Of those, the ones whose agent has answered (_await_agent).
         self._agent_answers: set[str] = set()
+        # bindAtClaim pools (namespace, name) -> their claimed pods still starting.
+        self._pool_starting: dict[tuple[str, str], int] = {}
         # Sandbox uid -> (when its pod was made here, how it started (POOL_CONDITION)), while
         # no status has been written for it (see _quiet).
         self._starting: dict[str, tuple[float, Obj | None]] = {}
@@ -585,7 +588,7 @@ class Reconciler:
                 continue
             self._refill_after_claim(namespace, str(pool_name), later=bind_at_claim)
             if bind_at_claim:
-                started = self._start_in(sandbox, claimed)
+                started = self._start_in(sandbox, claimed, pool=(namespace, str(pool_name)))
                 refused = started if isinstance(started, str) else None
                 claimed = started if isinstance(started, dict) else claimed
             else:
@@ -639,18 +642,35 @@ class Reconciler:
         return pool, {}
 
     def _refill_after_claim(self, namespace: str, pool: str, *, later: bool) -> None:
-        """A pool pass to refill what a claim took: at once, or for a bindAtClaim pool after
-        REFILL_AFTER_BIND_S, so that new pool pods starting do not take the CPU from the
-        claimed pods' containers starting (on two cores, eight of each at once doubled a
-        fork's time to answer)."""
+        """A pool pass to refill what a claim took: at once, or for a bindAtClaim pool once
+        every pod claimed from it lately runs (_one_started), REFILL_AT_THE_LATEST_S after
+        the claim at the latest: new pool pods starting would take the CPU from the claimed
+        pods' containers starting (on two cores, eight of each at once doubled the time a
+        fork's children took to answer)."""
         if not later:
             self.request_pool_pass(namespace, pool)
             return
-        timer = threading.Timer(REFILL_AFTER_BIND_S, self.request_pool_pass, (namespace, pool))
+        with self._guard:
+            self._pool_starting[(namespace, pool)] = self._pool_starting.get((namespace, pool), 0) + 1
+        timer = threading.Timer(REFILL_AT_THE_LATEST_S, self.request_pool_pass, (namespace, pool))
         timer.daemon = True
         timer.start()
 
-    def _start_in(self, sandbox: Obj, pod: Obj) -> Obj | str:
+    def _one_started(self, pool: tuple[str, str] | None) -> None:
+        """A pod claimed from the bindAtClaim pool `pool` runs, or never will: the last of
+        them lets the pool refill."""
+        if pool is None:
+            return
+        with self._guard:
+            left = self._pool_starting.get(pool, 1) - 1
+            if left > 0:
+                self._pool_starting[pool] = left
+            else:
+                self._pool_starting.pop(pool, None)
+        if left <= 0:
+            self.request_pool_pass(*pool)
+
+    def _start_in(self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None = None) -> Obj | str:
         """Start the Sandbox in the bindAtClaim pool pod it claimed: its workspace bound at
         the pod's awaiting volume by the node's warren-blockd, then its own container added
         (the pod as it is then); why not, if it could not be done."""
@@ -664,25 +684,30 @@ class Reconciler:
                 pod["metadata"]["namespace"], pod["metadata"]["name"], container
             )
         except (BindError, SandboxSpecError) as exc:
+            self._one_started(pool)
             return str(exc)
         except ApiException as exc:
+            self._one_started(pool)
             return f"adding the sandbox's container to the pool pod failed: {error_message(exc)}"
         with self._guard:
             self._started_pods.add(str(pod["metadata"]["uid"]))
-        self._await_agent(sandbox, started)
+        self._await_agent(sandbox, started, pool)
         log.info("bound workspace %s (%s) in pod %s", workspace.get("id"), how, pod["metadata"]["name"])
         return started
 
-    def _await_agent(self, sandbox: Obj, pod: Obj) -> None:
+    def _await_agent(self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None) -> None:
         """Ask the new container's agent until it answers, then pass over the Sandbox again:
         it runs from then on, without waiting for kubelet's next look at the pod."""
         address = (pod.get("status") or {}).get("podIP")
         if not address:
+            self._one_started(pool)
             return
         uid, meta = str(pod["metadata"]["uid"]), sandbox["metadata"]
 
         def ask() -> None:
-            if agentclient.wait_healthy(str(address), AGENT_START_WAIT_S):
+            answered = agentclient.wait_healthy(str(address), AGENT_START_WAIT_S)
+            self._one_started(pool)
+            if answered:
                 with self._guard:
                     self._agent_answers.add(uid)
                 self.reconcile(meta["namespace"], meta["name"])

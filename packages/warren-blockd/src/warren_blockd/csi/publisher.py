@@ -216,6 +216,15 @@ class Publisher:
                 f"(warren-blockd unmount {workspace})",
             )
         doing = f"mounting workspace {workspace}"
+        if request.fork_of:
+            # A fork's child is new but for a retry: fork first (a child that exists already
+            # is kept as it is), and skip a restore's reads that would find nothing.
+            how = self._make(request)
+            try:
+                self._ask(doing, "POST", f"/v1/workspaces/{workspace}/mount", {"target": str(staging)})
+            except ApiError as exc:
+                raise from_api(exc, doing) from None
+            return how
         try:  # restore is mount: the newest manifest plus the log tail, chunks faulted in on read
             restored = self._ask(
                 doing, "POST", f"/v1/workspaces/{workspace}/restore", {"target": str(staging)}
