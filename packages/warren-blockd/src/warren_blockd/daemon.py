@@ -102,6 +102,9 @@ class Settings:
     consolidate_interval: float = 60.0
     cache_memory: int = 256 << 20
     fork_wait: float = 60.0  # how long a fork waits for the source's writes to be replicated
+    # How long the first fork of a source waits for others of it to join its freeze: the
+    # children of one fork reach the node as one call each, within tens of milliseconds.
+    fork_gather: float = 0.05
 
 
 class Gate:
@@ -637,8 +640,11 @@ class Daemon:
             check_id(child)
         with self._lock:
             forks = self._forking.setdefault(source, _Forks())
+            first = forks.waiting is None
             batch = forks.waiting = forks.waiting or _ForkBatch()
             batch.children.update(dict.fromkeys(children))
+        if first and not forks.turn.locked():
+            time.sleep(self.settings.fork_gather)  # the rest of this fork's children join
         with forks.turn:
             with self._lock:
                 if forks.waiting is batch:  # this batch's turn: later calls start the next one
