@@ -405,7 +405,9 @@ class Daemon:
         Workspace(self.store, draft).create(size_bytes // BLOCK_SIZE)
         att = self.attach(draft)
         try:
-            device = self._attach_loop(draft, att)
+            # Direct I/O, as for a mount: every write reaches this daemon before it completes,
+            # none waits in the backing file's page cache while the device is let go.
+            device = self._attach_loop(draft, att, "--direct-io=on")
             run(
                 "mkfs.ext4",
                 "-q",
@@ -420,6 +422,7 @@ class Daemon:
             # of its workspace: world-writable and sticky, as /tmp is (a sandbox has one
             # tenant; the daemon never learns the image's user to give it the directory).
             run("debugfs", "-w", "-R", "set_inode_field / mode 041777", device)
+            run("blockdev", "--flushbufs", device)
         finally:
             receipt = self._detach(draft, wait_replicated=self.settings.fork_wait)
         if receipt.level != "replicated":
