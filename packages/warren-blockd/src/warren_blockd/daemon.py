@@ -666,12 +666,23 @@ class Daemon:
         metrics.FORK_CHILDREN.inc(len(children))
         att = self.attached.get(source)
         if att and att.target:
+            began = time.monotonic()
             run("fsfreeze", "-f", att.target)
+            frozen, settled = time.monotonic(), None
             try:
                 self._settle(source, att)
+                settled = time.monotonic()
                 return att.workspace.fork(children)
             finally:
                 run("fsfreeze", "-u", att.target)
+                fields = {
+                    "source": source,
+                    "children": len(children),
+                    "freeze_ms": round((frozen - began) * 1000),
+                    "settle_ms": round((settled - frozen) * 1000) if settled else None,
+                    "total_ms": round((time.monotonic() - began) * 1000),
+                }
+                log.info("forked", extra={"fields": fields})
         if att:
             self._settle(source, att)
         return Workspace(self.store, source).fork(children)

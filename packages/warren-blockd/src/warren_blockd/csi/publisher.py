@@ -139,6 +139,7 @@ class Publisher:
 
     def _bind(self, record: Publication, request: VolumeRequest) -> str:
         workspace, target = request.workspace, Path(record.target_path)
+        began = time.monotonic()
         with self._lock(workspace):
             with self._table:
                 for other in self.records.all():
@@ -151,9 +152,22 @@ class Publisher:
                 self.records.save(replace(record, workspace=workspace))
             mounted_now = False
             try:
+                recorded = time.monotonic()
                 how = self._ensure_mounted(request)
                 mounted_now = how != "already mounted"
+                mounted = time.monotonic()
                 self._ensure_bound(workspace, target, record.readonly)
+                log.info(
+                    "bind steps",
+                    extra={
+                        "fields": {
+                            "workspace": workspace,
+                            "record_ms": round((recorded - began) * 1000),
+                            "mount_ms": round((mounted - recorded) * 1000),
+                            "bind_ms": round((time.monotonic() - mounted) * 1000),
+                        }
+                    },
+                )
                 return how
             except BaseException:
                 self._roll_back(record.volume_id, workspace, unmount=mounted_now, keep=record)
