@@ -151,7 +151,7 @@ def test_acceptance_path_through_the_cli(
     assert ok(sandbox(env, "--json", "list")) == ""
 
 
-def pool(env: dict[str, str], state: Path) -> dict[str, Any]:
+def pool(env: dict[str, str], state: Path, name: str = "base") -> dict[str, Any]:
     kubeconfig = str(state / "admin.kubeconfig")
     found = ok(
         run(
@@ -163,7 +163,7 @@ def pool(env: dict[str, str], state: Path) -> dict[str, Any]:
             "warren-sandboxes",
             "get",
             "sandboxpool",
-            "base",
+            name,
             "-o",
             "json",
         )
@@ -172,8 +172,8 @@ def pool(env: dict[str, str], state: Path) -> dict[str, Any]:
     return got
 
 
-def full(env: dict[str, str], state: Path) -> dict[str, Any] | None:
-    found = pool(env, state)
+def full(env: dict[str, str], state: Path, name: str = "base") -> dict[str, Any] | None:
+    found = pool(env, state, name)
     return found if (found.get("status") or {}).get("ready") == found["spec"]["size"] else None
 
 
@@ -206,6 +206,48 @@ def test_a_create_of_the_base_template_claims_a_warm_pod_with_a_new_workspace_of
     for sandbox_id in (child, box["id"]):
         ok(sandbox(env, "delete", sandbox_id))
         made.remove(sandbox_id)
+
+
+def test_the_children_of_a_fork_of_base_claim_fork_pool_pods_and_take_their_fork_there(
+    env: dict[str, str], state: Path, settings: ClusterConfig, made: list[str]
+) -> None:
+    """With services.pools.base.forks (warren-test.yaml: 3), a fork of a base sandbox into
+    four children: three claim pods of base-forks, where the node's warren-blockd binds each
+    child's fork and the sandbox's container starts after it; the fourth finds the pool
+    empty and starts cold, saying so. Every child has the parent's files, and a write in one
+    shows nowhere else."""
+    if not settings.sandbox_workspaces:
+        pytest.skip("forks need workspaces, which this deployment does not have")
+    image = wait_for(lambda: full(env, state), 300, "the base pool to be full")["spec"]["image"]
+    forks = wait_for(lambda: full(env, state, "base-forks"), 300, "the fork pool to be full")
+    assert forks is not None
+    size = int(forks["spec"]["size"])
+    parent = json.loads(ok(sandbox(env, "--json", "create", image)))["id"]
+    made.append(parent)
+    note = b"written in the parent before the fork\n"
+    ok(sandbox(env, "write-file", parent, "/workspace/note", stdin=note))
+    children = ok(sandbox(env, "fork", "--count", str(size + 1), parent)).split()
+    made.extend(children)
+    how: dict[str, tuple[str, str, str]] = {}
+    for child in children:
+        seen = json.loads(ok(sandbox(env, "get", child)))
+        (claimed,) = [c for c in seen["conditions"] if c["type"] == "PoolClaimed"]
+        how[child] = (claimed["status"], claimed["reason"], claimed["message"])
+        assert read(env, child, "/workspace/note") == note
+    from_pool = [c for c, (status, _, message) in how.items() if status == "True" and "base-forks" in message]
+    assert len(from_pool) == size, how
+    (cold,) = [c for c in children if c not in from_pool]
+    assert how[cold][:2] == ("False", "PoolEmpty"), how[cold]
+    # The claimed child's sandbox is the agent's container, and its workspace is its own.
+    changed = b"changed in one child only\n"
+    ok(sandbox(env, "write-file", from_pool[0], "/workspace/note", stdin=changed))
+    assert read(env, from_pool[0], "/workspace/note") == changed
+    for other in (parent, cold, *from_pool[1:]):
+        assert read(env, other, "/workspace/note") == note
+    for sandbox_id in (*children, parent):
+        ok(sandbox(env, "delete", sandbox_id))
+        made.remove(sandbox_id)
+    wait_for(lambda: full(env, state, "base-forks"), 300, "the fork pool to refill")
 
 
 def test_a_mount_made_under_a_running_pool_pods_workspace_is_seen_only_by_a_container_started_after_it(
