@@ -230,33 +230,27 @@ class Publisher:
                 f"(warren-blockd unmount {workspace})",
             )
         doing = f"mounting workspace {workspace}"
-        if request.fork_of:
-            # A fork's child is new but for a retry: fork first (a child that exists already
-            # is kept as it is), and skip a restore's reads that would find nothing.
-            how = self._make(request)
-            try:
-                self._ask(doing, "POST", f"/v1/workspaces/{workspace}/mount", {"target": str(staging)})
+        # A fork's child is new but for a retry: it is forked first (one that exists already
+        # is kept as it is), without a restore's reads that would find nothing.
+        if not request.fork_of:
+            try:  # restore is mount: the newest manifest plus the log tail, chunks faulted in on read
+                restored = self._ask(
+                    doing, "POST", f"/v1/workspaces/{workspace}/restore", {"target": str(staging)}
+                )
+                log.info(
+                    "restored",
+                    extra={
+                        "fields": {
+                            "workspace": workspace,
+                            "log_seq": restored.get("log_seq"),
+                            "restore_ms": restored.get("restore_ms"),
+                        }
+                    },
+                )
+                return "restored"
             except ApiError as exc:
-                raise from_api(exc, doing) from None
-            return how
-        try:  # restore is mount: the newest manifest plus the log tail, chunks faulted in on read
-            restored = self._ask(
-                doing, "POST", f"/v1/workspaces/{workspace}/restore", {"target": str(staging)}
-            )
-            log.info(
-                "restored",
-                extra={
-                    "fields": {
-                        "workspace": workspace,
-                        "log_seq": restored.get("log_seq"),
-                        "restore_ms": restored.get("restore_ms"),
-                    }
-                },
-            )
-            return "restored"
-        except ApiError as exc:
-            if exc.code != "not_found":
-                raise from_api(exc, doing) from None
+                if exc.code != "not_found":
+                    raise from_api(exc, doing) from None
         how = self._make(request)
         try:
             self._ask(doing, "POST", f"/v1/workspaces/{workspace}/mount", {"target": str(staging)})
