@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export WARREN_CACHE ?= $(HOME)/.cache/warren
+# Python keeps the bytecode it compiles: in an environment that says otherwise
+# (PYTHONDONTWRITEBYTECODE), every CLI call and test process would compile its thousand
+# modules again, over two seconds each on two cores.
+unexport PYTHONDONTWRITEBYTECODE
 # The environments' packages are installed with uv (pinned; kept in the cache by its version):
 # from its cache an environment takes seconds where pip takes most of a minute. Each venv is
 # still Python's own (`-m venv`, with the pip it ships), which the bundle builder runs.

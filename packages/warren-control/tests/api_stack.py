@@ -33,7 +33,8 @@ from kubernetes import client as k8s
 from localservers import serve_asgi
 from sqlalchemy.orm import Session, sessionmaker
 from warren_control import store
-from warren_control.api import ApiSettings, make_api
+from warren_control.api.app import make_api
+from warren_control.api.service import ApiSettings
 from warren_control.db import make_engine, session_factory
 from warren_control.edge import make_edge
 from warren_control.identity import HEADER, Identity, sign

@@ -21,10 +21,11 @@ import pytest
 from api_stack import NAMESPACE, STAMP_KEY, OrgHandle, Stack, StandIn, serve_stack, settings_for
 from sqlalchemy import select
 from warren_control import ids
-from warren_control.api import ORG_LABEL, make_api
+from warren_control.api.app import make_api
+from warren_control.api.cluster import ORG_LABEL
 from warren_control.identity import HEADER, Identity, sign
 from warren_control.models import IdempotencyRecord, Sandbox, SandboxPhase
-from warren_control.observation import scrub
+from warren_control.scrub import scrub
 from warren_control.podspec import pod_name
 from warren_control.sdk import CannotStart, WaitTimeout, WarrenError
 

@@ -21,7 +21,7 @@ import pytest
 from api_stack import OrgHandle, Stack, StandIn, serve_stack, settings_for
 from k8s_helpers import Controller, pods_of
 from warren_common.testing import wait_for
-from warren_control.api import ORG_LABEL, Cluster, org_hash
+from warren_control.api.cluster import ORG_LABEL, Cluster, org_hash
 from warren_control.db import upgrade
 from warren_control.kube import Kube
 from warren_control.mirror import Mirror, MirrorOptions

@@ -15,7 +15,7 @@ import schemathesis
 from api_stack import OrgHandle, Stack
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi import checks as openapi_checks
-from warren_control.api import document
+from warren_control.api.app import document
 
 pytest_plugins = ["api_fixtures"]
 

@@ -15,7 +15,7 @@ import pytest
 from api_stack import Stack
 from warren_common.testing import free_port
 from warren_control import cli, store
-from warren_control.api import document
+from warren_control.api.app import document
 from warren_control.db import make_engine, session_factory
 
 pytest_plugins = ["api_fixtures"]

@@ -38,7 +38,7 @@ from e2b.exceptions import (
     SandboxNotRunningException,
 )
 from warren_control import admin, keys, store
-from warren_control.api import Cluster
+from warren_control.api.cluster import Cluster
 from warren_control.models import Sandbox as Record
 from warren_control.models import SandboxPhase, utcnow
 from warren_control.podspec import AGENT_PORT, POOL_SKIPPED_ANNOTATION, pod_name

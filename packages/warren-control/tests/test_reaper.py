@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from api_stack import NAMESPACE, Stack, StandIn, settings_for
-from warren_control.api import Cluster
+from warren_control.api.cluster import Cluster
 from warren_control.models import Sandbox, SandboxPhase, utcnow
 from warren_control.reaper import Reaper, ReaperOptions, verdict
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from api_stack import Stack, StandIn, serve_stack, settings_for
 from test_workspace_proof import IMAGE, TOOL, needs_blockd, publish
-from warren_control.api import Cluster
+from warren_control.api.cluster import Cluster
 from warren_control.models import Sandbox, SandboxPhase, utcnow
 from warren_control.reaper import Reaper, ReaperOptions
 from warren_control.sdk import Client, WarrenError

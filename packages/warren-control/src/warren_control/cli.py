@@ -60,7 +60,7 @@ def _database_url(args: argparse.Namespace) -> str:
 
 def _api_settings(args: argparse.Namespace, *, read_through: bool) -> Any:
     from warren_control import db, workspaces
-    from warren_control.api import ApiSettings
+    from warren_control.api.service import ApiSettings
 
     url = _database_url(args)
     if args.migrate:
@@ -106,7 +106,7 @@ def _template(text: str) -> tuple[str, Any]:
 
 
 def _api_app(settings: Any) -> Any:
-    from warren_control.api import make_api
+    from warren_control.api.app import make_api
 
     return make_api(settings)
 
@@ -114,7 +114,7 @@ def _api_app(settings: Any) -> Any:
 def _background(args: argparse.Namespace, settings: Any, roles: Sequence[str], stop: threading.Event) -> None:
     """Start the mirror and/or the reaper in threads that end when `stop` is set."""
     from warren_control import db
-    from warren_control.api import Cluster
+    from warren_control.api.cluster import Cluster
     from warren_control.kube import Kube
     from warren_control.mirror import Mirror, MirrorOptions
     from warren_control.reaper import Reaper, ReaperOptions
@@ -341,7 +341,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_openapi(args: argparse.Namespace) -> int:
-    from warren_control.api import document
+    from warren_control.api.app import document
 
     text = json.dumps(document(), indent=2, sort_keys=True) + "\n"
     if args.output:

@@ -8,7 +8,6 @@ the status mirror both use it, so the two can never describe the same state diff
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -19,33 +18,14 @@ from warren_control import store
 from warren_control.controller import observe, status_for
 from warren_control.kube import Obj
 from warren_control.models import Sandbox, SandboxPhase, utcnow
-from warren_control.podspec import CONTAINER, sandbox_pod_name, sandbox_workspace_id
+from warren_control.podspec import sandbox_pod_name, sandbox_workspace_id
+from warren_control.scrub import scrub
 
 # A record whose resource is missing this long after creation was never (or is no longer)
 # in the cluster: a crash between the two writes, or a resource deleted behind our back.
 MISSING_GRACE = timedelta(seconds=60)
 # The node labels a location hint may repeat: topology, never identity.
 LOCATION_LABELS = {"zone": "topology.kubernetes.io/zone", "region": "topology.kubernetes.io/region"}
-
-# Names the cluster uses that must never reach a client: pods (sbx-<uid>), Sandbox objects
-# (sandbox-<random>), uids and container ids.
-_POD_NAME = re.compile(r"\bsbx-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
-_OBJECT_NAME = re.compile(r"\bsandbox-[a-z2-7]{26}\b")
-_UID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
-_CONTAINER_ID = re.compile(r"\b[0-9a-f]{64}\b")
-
-
-def scrub(text: str, *names: str) -> str:
-    """`text` without the cluster's names for a sandbox: its object, pod, namespace,
-    container and node names, uids and container ids."""
-    for name in sorted((n for n in names if n), key=len, reverse=True):
-        text = re.sub(rf"\bpods?\s+\"?{re.escape(name)}\"?", "the pod", text)
-        text = text.replace(name, "the sandbox")
-    text = _POD_NAME.sub("the pod", text)
-    text = _OBJECT_NAME.sub("the sandbox", text)
-    text = re.sub(rf"\bcontainer\s+\"?{re.escape(CONTAINER)}\"?", "the container", text)
-    text = _CONTAINER_ID.sub("<id>", text)
-    return _UID.sub("<id>", text)
 
 
 def location_of(node: Mapping[str, Any] | None) -> dict[str, str] | None:

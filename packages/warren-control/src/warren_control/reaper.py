@@ -29,7 +29,8 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from warren_control import store
-from warren_control.api import Cluster, ClusterError
+from warren_control.api.cluster import Cluster
+from warren_control.api.errors import ClusterError
 from warren_control.models import Sandbox, SandboxPhase, utcnow
 from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore, WorkspaceStoreError
 

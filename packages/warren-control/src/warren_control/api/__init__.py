@@ -18,23 +18,6 @@ The parts: ``app`` (the app, its error handlers, the OpenAPI document), ``servic
 routes do, apart from HTTP), ``shapes`` (requests and responses), ``params`` (the stamped
 identity and other route parameters), ``errors``, ``cluster`` (Sandbox resources and pods),
 and one router per surface: ``sandboxes`` (the /v1 lifecycle), ``sandbox_io`` (exec, files,
-the workspace proof) and ``e2b`` (the E2B-compatible routes).
+the workspace proof) and ``e2b`` (the E2B-compatible routes). Import each from its module:
+this one imports nothing, so the SDK can use ``shapes`` without the server.
 """
-
-from warren_control.api.app import API_VERSION, document, make_api
-from warren_control.api.cluster import ORG_LABEL, Cluster, org_hash
-from warren_control.api.errors import ApiError, ClusterError
-from warren_control.api.service import ApiService, ApiSettings
-
-__all__ = [
-    "API_VERSION",
-    "ORG_LABEL",
-    "ApiError",
-    "ApiService",
-    "ApiSettings",
-    "Cluster",
-    "ClusterError",
-    "document",
-    "make_api",
-    "org_hash",
-]

@@ -46,8 +46,8 @@ from warren_control.api.service import ApiService
 from warren_control.api.shapes import CreateSandboxRequest, WorkspaceRequest
 from warren_control.identity import Identity
 from warren_control.models import Sandbox, SandboxPhase, Snapshot, utcnow
-from warren_control.observation import scrub
 from warren_control.podspec import sandbox_pod_name
+from warren_control.scrub import scrub
 from warren_control.templates import Template
 from warren_control.workspaces import WorkspaceStoreError
 

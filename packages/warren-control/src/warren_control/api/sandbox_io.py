@@ -24,8 +24,8 @@ from warren_control.api.params import Api, FilePath, Who, stamped_identity
 from warren_control.api.service import ApiService, Target
 from warren_control.api.shapes import SCHEMAS, ExecRequest, FileWrittenOut, WorkspaceProofOut, error_responses
 from warren_control.models import utcnow
-from warren_control.observation import scrub
 from warren_control.podspec import CONTAINER
+from warren_control.scrub import scrub
 from warren_control.workspaces import WorkspaceStoreError
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,9 @@ from warren_control.models import (
     User,
     utcnow,
 )
-from warren_control.observation import converge, scrub
+from warren_control.observation import converge
 from warren_control.podspec import has_agent, sandbox_pod_name
+from warren_control.scrub import scrub
 from warren_control.templates import Template
 from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from warren_control.models import Sandbox
-from warren_control.observation import scrub
+from warren_control.scrub import scrub
+
+if TYPE_CHECKING:
+    from warren_control.models import Sandbox
 
 RUNTIME = "gvisor"
 MAX_FORK = 100
