@@ -25,8 +25,8 @@ from warren_control.api.app import make_api
 from warren_control.api.cluster import ORG_LABEL
 from warren_control.identity import HEADER, Identity, sign
 from warren_control.models import IdempotencyRecord, Sandbox, SandboxPhase
-from warren_control.scrub import scrub
 from warren_control.podspec import pod_name
+from warren_control.scrub import scrub
 from warren_control.sdk import CannotStart, WaitTimeout, WarrenError
 
 pytest_plugins = ["api_fixtures"]
