@@ -12,6 +12,7 @@ without it (`cluster.workspaces.enabled: false`) must refuse the fork with exact
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -233,6 +234,8 @@ def test_the_children_of_a_fork_of_base_claim_fork_pool_pods_and_take_their_fork
         seen = json.loads(ok(sandbox(env, "get", child)))
         (claimed,) = [c for c in seen["conditions"] if c["type"] == "PoolClaimed"]
         how[child] = (claimed["status"], claimed["reason"], claimed["message"])
+        # The pod it claimed is the cluster's business: no answer names it.
+        assert not re.search(r"pool-base-forks-[0-9a-f]{10}", json.dumps(seen)), seen
         assert read(env, child, "/workspace/note") == note
     from_pool = [c for c, (status, _, message) in how.items() if status == "True" and "base-forks" in message]
     assert len(from_pool) == size, how

@@ -25,7 +25,7 @@ from warren_control.api.app import make_api
 from warren_control.api.cluster import ORG_LABEL
 from warren_control.identity import HEADER, Identity, sign
 from warren_control.models import IdempotencyRecord, Sandbox, SandboxPhase
-from warren_control.podspec import pod_name
+from warren_control.podspec import pod_name, pool_pod_name
 from warren_control.scrub import scrub
 from warren_control.sdk import CannotStart, WaitTimeout, WarrenError
 
@@ -174,6 +174,9 @@ def test_scrub_removes_every_cluster_name() -> None:
     # Names it was not told about are still caught by their shape.
     assert pod not in scrub(f"pod {pod} is pending")
     assert name not in scrub(f"object {name}")
+    # A pool's pod, claimed by a sandbox whose status has not named it yet.
+    pooled = pool_pod_name("base-forks", "edb89855ae")
+    assert scrub(f"pod {pooled} is running") == "the pod is running"
 
 
 def test_stop_and_start_set_the_resource(stack: Stack) -> None:
