@@ -8,13 +8,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import time
 from typing import Any
 
 import pytest
 from test_controller import LOUD, NS, FakeKube, remember_all, run
 from warren_control import agentclient
 from warren_control.binder import BindError
-from warren_control.controller import ControllerOptions, Reconciler, observe
+from warren_control.controller import REFILL_AT_THE_LATEST_S, ControllerOptions, Reconciler, observe
 from warren_control.kube import Obj
 from warren_control.podspec import (
     BIND_AT_CLAIM_ANNOTATION,
@@ -666,8 +667,38 @@ def test_a_bind_at_claim_pool_refills_once_its_claimed_pods_run() -> None:
     remember_all(reconciler, kube)
     reconciler.reconcile(NS, "one")
     reconciler.reconcile(NS, "two")
+    remember_all(reconciler, kube)
+
+    def unclaimed() -> int:
+        return sum(1 for p in kube.pods.values() if (p["metadata"].get("labels") or {}).get(POOL_LABEL))
+
     assert passes == []  # both still starting
+    # Nor does a pass that something else brings (its pods' events, its own) refill it.
+    reconciler.reconcile_pool(NS, "base-forks")
+    assert unclaimed() == 0
     reconciler._one_started((NS, "base-forks"))
-    assert passes == []
+    reconciler.reconcile_pool(NS, "base-forks")
+    assert passes == [] and unclaimed() == 0
     reconciler._one_started((NS, "base-forks"))
     assert passes == [(NS, "base-forks")]
+    reconciler.reconcile_pool(NS, "base-forks")
+    assert unclaimed() == 2
+
+
+def test_a_bind_at_claim_pool_refills_at_the_latest_a_while_after_a_claim() -> None:
+    """A claimed pod that never reports keeps its pool from refilling only so long."""
+    kube, reconciler, _, _ = bind_pool()
+    reconciler._await_agent = lambda sandbox, pod, pool: None  # type: ignore[method-assign]  # never answers
+    fill(kube, reconciler, "base-forks")
+    kube.add_sandbox(
+        "one", pool="base-forks", workspace={**FORK_CHILD, "id": "ws-one"}, agentTokenSha256="0" * 64
+    )
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "one")
+    remember_all(reconciler, kube)
+    reconciler.reconcile_pool(NS, "base-forks")
+    assert sum(1 for p in kube.pods.values() if (p["metadata"].get("labels") or {}).get(POOL_LABEL)) == 1
+    count, _ = reconciler._pool_starting[(NS, "base-forks")]
+    reconciler._pool_starting[(NS, "base-forks")] = (count, time.monotonic() - REFILL_AT_THE_LATEST_S)
+    reconciler.reconcile_pool(NS, "base-forks")
+    assert sum(1 for p in kube.pods.values() if (p["metadata"].get("labels") or {}).get(POOL_LABEL)) == 2

@@ -367,7 +367,8 @@ class Reconciler:
         # Of those, the ones whose agent has answered (_await_agent).
         self._agent_answers: set[str] = set()
         # bindAtClaim pools (namespace, name) -> their claimed pods still starting.
-        self._pool_starting: dict[tuple[str, str], int] = {}
+        # bindAtClaim pools whose claimed pods are still starting: (how many, since when).
+        self._pool_starting: dict[tuple[str, str], tuple[int, float]] = {}
         # Sandbox uid -> (when its pod was made here, how it started (POOL_CONDITION)), while
         # no status has been written for it (see _quiet).
         self._starting: dict[str, tuple[float, Obj | None]] = {}
@@ -575,6 +576,7 @@ class Reconciler:
             workspace_id = pod_workspace_id(candidate) if self._workspaces and not bind_at_claim else None
             # The pod's spec hash is the bound Sandbox's, so the passes after keep it.
             owner = with_workspace_id(sandbox, workspace_id) if workspace_id else sandbox
+            patching = time.monotonic()
             try:
                 claimed = self.kube.patch_pod(namespace, name, claim_patch(owner, candidate, str(pool_name)))
             except ApiException as exc:
@@ -586,6 +588,7 @@ class Reconciler:
                 if attempts >= CLAIM_ATTEMPTS:
                     break
                 continue
+            patched_ms = round((time.monotonic() - patching) * 1000)
             self._refill_after_claim(namespace, str(pool_name), later=bind_at_claim)
             if bind_at_claim:
                 started = self._start_in(sandbox, claimed, pool=(namespace, str(pool_name)))
@@ -605,7 +608,12 @@ class Reconciler:
             with self._guard:
                 self._unseen[uid] = claimed
             log.info(
-                "claimed pod %s of pool %s for %s/%s", name, pool_name, namespace, sandbox["metadata"]["name"]
+                "claimed pod %s of pool %s for %s/%s (the claim's patch took %d ms)",
+                name,
+                pool_name,
+                namespace,
+                sandbox["metadata"]["name"],
+                patched_ms,
             )
             return (
                 sandbox,
@@ -650,8 +658,10 @@ class Reconciler:
         if not later:
             self.request_pool_pass(namespace, pool)
             return
+        now = time.monotonic()
         with self._guard:
-            self._pool_starting[(namespace, pool)] = self._pool_starting.get((namespace, pool), 0) + 1
+            count, since = self._pool_starting.get((namespace, pool), (0, now))
+            self._pool_starting[(namespace, pool)] = (count + 1, since)
         timer = threading.Timer(REFILL_AT_THE_LATEST_S, self.request_pool_pass, (namespace, pool))
         timer.daemon = True
         timer.start()
@@ -662,13 +672,21 @@ class Reconciler:
         if pool is None:
             return
         with self._guard:
-            left = self._pool_starting.get(pool, 1) - 1
+            count, since = self._pool_starting.get(pool, (1, 0.0))
+            left = count - 1
             if left > 0:
-                self._pool_starting[pool] = left
+                self._pool_starting[pool] = (left, since)
             else:
                 self._pool_starting.pop(pool, None)
         if left <= 0:
             self.request_pool_pass(*pool)
+
+    def _refill_held(self, namespace: str, pool: str) -> bool:
+        """Whether the pool's refill waits for the pods claimed from it to start (every pass
+        would otherwise refill: its pods' and its own events each bring one)."""
+        with self._guard:
+            held = self._pool_starting.get((namespace, pool))
+        return held is not None and time.monotonic() - held[1] < REFILL_AT_THE_LATEST_S
 
     def _start_in(self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None = None) -> Obj | str:
         """Start the Sandbox in the bindAtClaim pool pod it claimed: its workspace bound at
@@ -677,8 +695,10 @@ class Reconciler:
         workspace = (sandbox.get("spec") or {}).get("workspace") or {}
         if self.binder is None:
             return "this controller cannot bind workspaces (no bind token)"
+        binding = time.monotonic()
         try:
             how = self.binder.bind(pod, workspace)
+            adding = time.monotonic()
             container = ephemeral_container_for(sandbox, self.options.pod)
             started = self.kube.add_ephemeral_container(
                 pod["metadata"]["namespace"], pod["metadata"]["name"], container
@@ -691,8 +711,16 @@ class Reconciler:
             return f"adding the sandbox's container to the pool pod failed: {error_message(exc)}"
         with self._guard:
             self._started_pods.add(str(pod["metadata"]["uid"]))
+        added = time.monotonic()
         self._await_agent(sandbox, started, pool)
-        log.info("bound workspace %s (%s) in pod %s", workspace.get("id"), how, pod["metadata"]["name"])
+        log.info(
+            "bound workspace %s (%s) in pod %s: bind %d ms, container added %d ms",
+            workspace.get("id"),
+            how,
+            pod["metadata"]["name"],
+            (adding - binding) * 1000,
+            (added - adding) * 1000,
+        )
         return started
 
     def _await_agent(self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None) -> None:
@@ -793,7 +821,7 @@ class Reconciler:
                 self._delete_pool_pod(pod)
             with self._guard:
                 self._pool_made[uid] = made & {p["metadata"]["uid"] for p in keep + creating}
-            if (missing := size - len(keep) - len(creating)) > 0:
+            if (missing := size - len(keep) - len(creating)) > 0 and not self._refill_held(namespace, name):
                 self._refill(pool, missing)
             ready = sum(1 for pod in keep if _ready(pod))
             self._write_pool_status(
