@@ -46,6 +46,7 @@ def test_reads_come_from_chunks_holes_and_local_writes(store: PolicyStore, tmp_p
     assert got[:10] == bytes([7]) * 10 and got[10:13] == b"abc" and got[13:] == bytes([7]) * (BLOCK - 13)
     device.write(BLOCK - 2, b"xyzw")  # across two hole blocks
     assert device.read(BLOCK - 4, 8) == b"\0\0xyzw\0\0"
+    assert device.dirty_blocks() == 3  # blocks 0, 1 and 3
     assert device.read(64 * BLOCK - 2, 100) == b"\0\0"  # clamped at the end
     with pytest.raises(ValueError, match="passes the end"):
         device.write(64 * BLOCK - 1, b"ab")

@@ -125,4 +125,6 @@ class Device:
             return bytes(self._dirty)
 
     def dirty_blocks(self) -> int:
-        return sum(bin(byte).count("1") for byte in self._dirty)
+        # One popcount over the whole map: a byte at a time took ~40 ms for a 10 GiB
+        # workspace, and every publish on the node reads every workspace's count (/v1/stats).
+        return int.from_bytes(self._dirty, "little").bit_count()
