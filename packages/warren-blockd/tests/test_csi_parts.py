@@ -22,9 +22,11 @@ def test_attributes_of_the_control_planes_volumes_parse() -> None:
             "workspace": "ws_abcdefghijklmnopqrstuvwxyz",
             "size": "10Gi",
             "forkOf": "ws_parent",
+            "siblings": "8",
         }
     )
     assert isinstance(request, attributes.VolumeRequest)
+    assert request.siblings == 8
     assert request.workspace == "ws_abcdefghijklmnopqrstuvwxyz"
     assert request.size_bytes == 10 << 30 and request.fork_of == "ws_parent" and request.template is None
     assert (request.pod_namespace, request.pod_name) == ("sandboxes", "sb-1")
@@ -55,6 +57,9 @@ def test_sizes_are_bytes_or_binary_units(size: str, expected: int) -> None:
         ({**EPHEMERAL, "workspace": "w", "size": "16777217"}, "multiple of 4096"),
         ({**EPHEMERAL, "workspace": "w", "size": "17Ti"}, "between 16Mi and 16Ti"),
         ({**EPHEMERAL, "workspace": "w", "Size": "1Gi", "x": "y"}, "unknown volume attribute(s) Size, x"),
+        ({**EPHEMERAL, "workspace": "w", "forkOf": "v", "siblings": "0"}, "write 1 to 100"),
+        ({**EPHEMERAL, "workspace": "w", "forkOf": "v", "siblings": "many"}, "siblings='many'"),
+        ({**EPHEMERAL, "workspace": "w", "siblings": "2"}, "give forkOf too"),
         ({**EPHEMERAL, "bindAtClaim": "yes"}, 'write "true" or leave it out'),
         ({**EPHEMERAL, "bindAtClaim": "true", "workspace": "w"}, "so workspace cannot be given too"),
         ({**EPHEMERAL, "bindAtClaim": "true"}, "podInfoOnMount: true"),

@@ -148,6 +148,29 @@ def test_forks_of_one_mounted_source_at_once_all_succeed(node: Blockd, tmp_path:
     assert (target / "note.txt").read_text() == "before the forks\n"
 
 
+def test_forks_that_name_their_siblings_share_one_freeze(node: Blockd, tmp_path: Path) -> None:
+    """A claim's binds of a fork into eight arrive over some hundreds of milliseconds; each
+    names the fork's eight, and the first waits for the rest: one freeze serves them all."""
+    node.client.create("many", 64 << 20)
+    src = tmp_path / "many"
+    node.client.action("many", "mount", target=str(src))
+    (src / "note.txt").write_text("before the fork\n")
+    kids = [f"many-kid-{index}" for index in range(8)]
+
+    def fork(index: int) -> dict[str, object]:
+        time.sleep(0.04 * index)  # as a controller's binds come, one after another
+        return node.client.action("many", "fork", children=[kids[index]], siblings=len(kids))
+
+    with ThreadPoolExecutor(len(kids)) as pool:
+        results = list(pool.map(fork, range(len(kids))))
+    assert [r["children"] for r in results] == [{kid: None} for kid in kids]
+    metrics = node.client.metrics()
+    assert metric(metrics, "blockd_fork_children_total") == len(kids)
+    assert metric(metrics, "blockd_fork_batches_total") == 1
+    with pytest.raises(ApiError, match="siblings"):
+        node.client.action("many", "fork", children=["many-kid-x"], siblings=0)
+
+
 def test_consolidation_runs_and_restore_uses_it(
     node: Blockd, blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str, tmp_path: Path
 ) -> None:

@@ -25,7 +25,7 @@ from warren_control.api.app import make_api
 from warren_control.api.cluster import ORG_LABEL
 from warren_control.identity import HEADER, Identity, sign
 from warren_control.models import IdempotencyRecord, Sandbox, SandboxPhase
-from warren_control.podspec import pod_name, pool_pod_name
+from warren_control.podspec import FORK_SIBLINGS_ANNOTATION, pod_name, pool_pod_name
 from warren_control.scrub import scrub
 from warren_control.sdk import CannotStart, WaitTimeout, WarrenError
 
@@ -241,6 +241,9 @@ def test_fork_makes_children_from_the_parents_workspace(stack: Stack) -> None:
             "size": "3Gi",
             "forkOf": parent.workspace_id,
         }
+        # For the node: its fork makes two, which one freeze of the parent serves.
+        assert obj["metadata"]["annotations"] == {FORK_SIBLINGS_ANNOTATION: "2"}
+        assert "fork_siblings" not in child.spec
 
 
 def test_exec_and_files_need_a_running_pod(stack: Stack) -> None:

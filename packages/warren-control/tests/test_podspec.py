@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from warren_control.podspec import (
+    FORK_SIBLINGS_ANNOTATION,
     SPEC_HASH_ANNOTATION,
     PodOptions,
     SandboxSpecError,
@@ -363,3 +364,9 @@ def test_blockd_workspace_volume_and_fork_placement() -> None:
     terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["node-a"]
     assert floor_violations(pod) == []
+    # One of a fork into eight says so, for the node to fork the eight with one freeze.
+    forked["metadata"]["annotations"] = {FORK_SIBLINGS_ANNOTATION: "8"}
+    assert blockd_volume(forked)["csi"]["volumeAttributes"]["siblings"] == "8"
+    for unusable in ("1", "x", "101"):
+        forked["metadata"]["annotations"] = {FORK_SIBLINGS_ANNOTATION: unusable}
+        assert "siblings" not in blockd_volume(forked)["csi"]["volumeAttributes"]

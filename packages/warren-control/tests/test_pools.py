@@ -20,6 +20,7 @@ from warren_control.kube import Obj
 from warren_control.podspec import (
     BIND_AT_CLAIM_ANNOTATION,
     CLAIMED_FROM_ANNOTATION,
+    FORK_SIBLINGS_ANNOTATION,
     HOLD_CONTAINER,
     POOL_LABEL,
     POOL_SKIPPED_ANNOTATION,
@@ -486,10 +487,12 @@ class FakeBinder:
 
     def __init__(self, refuse: str | None = None) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.siblings: list[int | None] = []
         self.refuse = refuse
 
-    def bind(self, pod: Obj, workspace: Obj) -> str:
+    def bind(self, pod: Obj, workspace: Obj, siblings: int | None = None) -> str:
         self.calls.append((pod["metadata"]["uid"], dict(workspace)))
+        self.siblings.append(siblings)
         if self.refuse:
             raise BindError(self.refuse)
         return "forked"
@@ -553,10 +556,12 @@ def test_a_forks_child_claims_a_pod_binds_its_fork_there_and_then_starts_its_con
     sbx = kube.add_sandbox(
         "child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256=token_sha256, env={"A": "b"}
     )
+    sbx["metadata"]["annotations"] = {FORK_SIBLINGS_ANNOTATION: "8"}  # one of a fork into eight
     remember_all(reconciler, kube)
     seen = reconciler.reconcile(NS, "child")
     (claimed,) = [p for p in kube.pods.values() if controller_uid(p) == sbx["metadata"]["uid"]]
     assert binder.calls == [(claimed["metadata"]["uid"], FORK_CHILD)]
+    assert binder.siblings == [8]  # the node forks the eight with one freeze
     ((name, container),) = added
     assert name == claimed["metadata"]["name"]
     assert container["name"] == "sandbox" and container["image"] == "busybox"

@@ -1,7 +1,7 @@
 """The daemon's local API: JSON over HTTP on a unix socket (root-only by file mode).
 
   POST /v1/workspaces                      {"id", "size_bytes" | "template" | "image"}
-  POST /v1/workspaces/<id>/fork            {"children": [...]}
+  POST /v1/workspaces/<id>/fork            {"children": [...], "siblings"?}
   POST /v1/workspaces/<id>/mount           {"target"}
   POST /v1/workspaces/<id>/restore         {"target"}
   POST /v1/workspaces/<id>/unmount         {"wait_replicated": seconds}
@@ -90,7 +90,10 @@ def routes(daemon: Daemon) -> list[Route]:
         )
 
     def fork(r: Request) -> Any:
-        return {"children": daemon.fork(r.params["id"], list(r.body["children"]))}
+        siblings = r.body.get("siblings")
+        if siblings is not None and not isinstance(siblings, int):
+            raise BlockdError("bad_request", f"siblings={siblings!r}: give how many children the fork makes")
+        return {"children": daemon.fork(r.params["id"], list(r.body["children"]), siblings)}
 
     def wait(r: Request) -> Any:
         return r.body.get("wait_replicated")

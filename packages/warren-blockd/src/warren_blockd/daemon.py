@@ -49,6 +49,7 @@ from warren_blockd.workspace import Workspace, WorkspaceExistsError
 
 log = logging.getLogger("warren_blockd.daemon")
 MOUNT_OPTIONS = "nosuid,nodev,noinit_itable"  # holes read as zeros: no need to zero inode tables
+MAX_SIBLINGS = 100  # the API's largest fork
 
 
 class BlockdError(Exception):
@@ -105,6 +106,10 @@ class Settings:
     # How long the first fork of a source waits for others of it to join its freeze: the
     # children of one fork reach the node as one call each, within tens of milliseconds.
     fork_gather: float = 0.05
+    # A call that says how many children its fork makes (`siblings`) waits for them
+    # instead, until they all joined or this long: a claim's binds of a fork into eight
+    # reach the node over some hundreds of milliseconds, and each freeze costs as much.
+    fork_gather_max: float = 0.5
 
 
 class Gate:
@@ -223,6 +228,7 @@ class Daemon:
         self._attach_locks = [threading.Lock() for _ in range(64)]
         # Source workspace id -> its forks: one freeze at a time, arrivals meanwhile batched.
         self._forking: dict[str, _Forks] = {}
+        self._fork_joined = threading.Condition(self._lock)  # a child joined a waiting batch
         self._stop = threading.Event()
 
     def _dir(self, workspace_id: str) -> Path:
@@ -629,7 +635,7 @@ class Daemon:
             receipt = att.replicator.wait_replicated(receipt.seq, wait_replicated)
         return receipt
 
-    def fork(self, source: str, children: list[str]) -> dict[str, str | None]:
+    def fork(self, source: str, children: list[str], siblings: int | None = None) -> dict[str, str | None]:
         """Children get the source's manifest as it stands now. A source mounted here is frozen
         for the moment its writes take to reach storage, so the children see a clean filesystem.
 
@@ -637,17 +643,30 @@ class Daemon:
         frozen file system refuses a second freeze (EBUSY), so forks of one source take turns;
         the calls that arrive while one is under way are served together by the next freeze
         (group commit): eight children cost two freezes, not eight. Each child is still made
-        from the source as it stood after its call arrived."""
+        from the source as it stood after its call arrived. A call that names its fork's
+        `siblings` (all its children, this call's included) waits for the others to join,
+        up to fork_gather_max, rather than for fork_gather."""
         check_id(source)
         for child in children:
             check_id(child)
+        if siblings is not None and not 1 <= siblings <= MAX_SIBLINGS:
+            raise BlockdError(
+                "bad_request", f"siblings={siblings}: a fork makes 1 to {MAX_SIBLINGS} children"
+            )
         with self._lock:
             forks = self._forking.setdefault(source, _Forks())
             first = forks.waiting is None
             batch = forks.waiting = forks.waiting or _ForkBatch()
             batch.children.update(dict.fromkeys(children))
+            self._fork_joined.notify_all()
         if first and not forks.turn.locked():
-            time.sleep(self.settings.fork_gather)  # the rest of this fork's children join
+            if siblings is None:
+                time.sleep(self.settings.fork_gather)  # the rest of this fork's children join
+            else:
+                with self._lock:
+                    self._fork_joined.wait_for(
+                        lambda: len(batch.children) >= siblings, self.settings.fork_gather_max
+                    )
         with forks.turn:
             with self._lock:
                 if forks.waiting is batch:  # this batch's turn: later calls start the next one

@@ -39,15 +39,18 @@ class Binder:
         self._lock = threading.Lock()
         self._http = httpx.Client(timeout=httpx.Timeout(BIND_TIMEOUT_S, connect=5.0))
 
-    def bind(self, pod: Mapping[str, Any], workspace: Mapping[str, Any]) -> str:
+    def bind(self, pod: Mapping[str, Any], workspace: Mapping[str, Any], siblings: int | None = None) -> str:
         """Bind `workspace` (a Sandbox's spec.workspace: id, and forkOf or size) at the
-        claimed pod's awaiting volume; how the plugin made it (forked, restored, ...)."""
+        claimed pod's awaiting volume; how the plugin made it (forked, restored, ...). A fork's
+        child names its `siblings`, so that the node forks them all with one freeze."""
         node = str((pod.get("spec") or {}).get("nodeName") or "")
         if not node:
             raise BindError("the pool pod has no node")
         body: dict[str, Any] = {"pod_uid": pod["metadata"]["uid"], "workspace": str(workspace["id"])}
         if workspace.get("forkOf"):
             body["forkOf"] = str(workspace["forkOf"])
+            if siblings:
+                body["siblings"] = siblings
         elif workspace.get("size"):
             body["size"] = str(workspace["size"])
         for attempt in range(2):

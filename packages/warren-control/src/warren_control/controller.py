@@ -69,6 +69,7 @@ from warren_control.podspec import (
     claim_patch,
     controller_uid,
     ephemeral_container_for,
+    fork_siblings,
     has_agent,
     pod_for,
     pod_name,
@@ -697,7 +698,7 @@ class Reconciler:
             return "this controller cannot bind workspaces (no bind token)"
         binding = time.monotonic()
         try:
-            how = self.binder.bind(pod, workspace)
+            how = self.binder.bind(pod, workspace, fork_siblings(sandbox))
             adding = time.monotonic()
             container = ephemeral_container_for(sandbox, self.options.pod)
             started = self.kube.add_ephemeral_container(

@@ -43,6 +43,11 @@ CLAIMED_FROM_ANNOTATION = "warren.dev/claimed-from"
 # organization's cap): the controller says so in PoolClaimed instead of "no pool".
 POOL_SKIPPED_ANNOTATION = "warren.dev/pool-skipped"
 POOL_POD_PREFIX = "pool-"
+# On each child of a fork into more than one: how many children the fork makes. The node's
+# warren-blockd then serves their forks with one freeze of the source (volume attribute and
+# bind field `siblings`).
+FORK_SIBLINGS_ANNOTATION = "warren.dev/fork-siblings"
+MAX_FORK_SIBLINGS = 100  # the API's largest fork (api/shapes.py MAX_FORK)
 # On the pods of a pool whose workspaces are bound at the claim (spec.workspace.bindAtClaim):
 # such a pod runs only HOLD_CONTAINER until its claim binds the workspace and adds the
 # sandbox's own container (CONTAINER) as an ephemeral container, which alone mounts it.
@@ -701,7 +706,18 @@ def blockd_volume(sandbox: Mapping[str, Any]) -> Obj | None:
     }
     if workspace.get("forkOf"):
         attributes["forkOf"] = str(workspace["forkOf"])
+        if siblings := fork_siblings(sandbox):
+            attributes["siblings"] = str(siblings)
     return {"csi": {"driver": BLOCKD_DRIVER, "volumeAttributes": attributes}}
+
+
+def fork_siblings(sandbox: Mapping[str, Any]) -> int | None:
+    """How many children the fork that made this Sandbox makes, if the API said (more than
+    one); None otherwise, or if the annotation is not a count."""
+    text = ((sandbox.get("metadata") or {}).get("annotations") or {}).get(FORK_SIBLINGS_ANNOTATION)
+    return (
+        int(text) if isinstance(text, str) and text.isdigit() and 1 < int(text) <= MAX_FORK_SIBLINGS else None
+    )
 
 
 def pool_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -5,6 +5,8 @@ daemon is asked for anything.
   size        a new empty workspace's size: bytes, or Ki, Mi, Gi, Ti (e.g. 10Gi)
   forkOf      if the workspace does not exist yet, make it a fork of this workspace
   template    the same, from a template workspace (forkOf and template exclude each other)
+  siblings    with forkOf: how many children the same fork makes (1 to 100). The node waits
+              briefly for the others, so that one freeze of the source serves them all.
   bindAtClaim "true": publish nothing yet. The pod starts with an empty directory there, and
               its workspace is named later through the plugin's bind API (a warm pool's pod,
               claimed by a fork's child); only containers started after the bind see it.
@@ -22,11 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from warren_blockd.csi.errors import CsiError, invalid
+from warren_blockd.daemon import MAX_SIBLINGS
 from warren_blockd.ids import WORKSPACE_ID_RULE, valid_workspace_id
 
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 EPHEMERAL = KUBELET_PREFIX + "ephemeral"
-KNOWN = ("workspace", "size", "forkOf", "template", "bindAtClaim")
+KNOWN = ("workspace", "size", "forkOf", "template", "siblings", "bindAtClaim")
 BIND_AT_CLAIM = "bindAtClaim"
 BINARY_UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 MIN_SIZE = 16 << 20  # the daemon's own floor for an ext4 workspace
@@ -45,6 +48,7 @@ class VolumeRequest:
     pod_namespace: str
     pod_name: str
     pod_uid: str
+    siblings: int | None = None
 
     @property
     def source(self) -> str | None:
@@ -109,6 +113,9 @@ def parse(context: Mapping[str, str]) -> VolumeRequest | AwaitingClaim:
     if workspace in (fork_of, template):
         raise invalid(f"workspace {workspace} cannot be made from itself: change forkOf or template")
     size = parse_size(context["size"]) if context.get("size") else None
+    siblings = _siblings(context["siblings"]) if context.get("siblings") else None
+    if siblings is not None and not fork_of:
+        raise invalid("volume attribute siblings counts a fork's children: give forkOf too, or drop it")
     return VolumeRequest(
         workspace=workspace,
         size_bytes=size,
@@ -117,7 +124,17 @@ def parse(context: Mapping[str, str]) -> VolumeRequest | AwaitingClaim:
         pod_namespace=pod[0],
         pod_name=pod[1],
         pod_uid=pod[2],
+        siblings=siblings,
     )
+
+
+def _siblings(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_SIBLINGS:
+        raise invalid(
+            f"volume attribute siblings={text!r} is not a count of a fork's children: "
+            f"write 1 to {MAX_SIBLINGS}"
+        )
+    return int(text)
 
 
 def _awaiting(context: Mapping[str, str], namespace: str, name: str, uid: str) -> AwaitingClaim:

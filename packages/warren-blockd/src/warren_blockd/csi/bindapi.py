@@ -24,7 +24,7 @@ from warren_blockd.csi.errors import CsiError, invalid
 from warren_blockd.csi.publisher import Publisher
 
 log = logging.getLogger("warren_blockd.csi")
-FIELDS = ("workspace", "size", "forkOf", "template")
+FIELDS = ("workspace", "size", "forkOf", "template", "siblings")
 # What a CSI refusal means to an HTTP caller.
 STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "bad_request"),

@@ -267,9 +267,10 @@ class Publisher:
             doing = f"making workspace {workspace} from {source}"
             try:
                 if request.fork_of:  # the daemon freezes a source mounted here while it settles
-                    result = self._ask(
-                        doing, "POST", f"/v1/workspaces/{source}/fork", {"children": [workspace]}
-                    )
+                    body: dict[str, Any] = {"children": [workspace]}
+                    if request.siblings is not None:
+                        body["siblings"] = request.siblings
+                    result = self._ask(doing, "POST", f"/v1/workspaces/{source}/fork", body)
                     error = result["children"][workspace]
                 else:
                     self._ask(doing, "POST", "/v1/workspaces", {"id": workspace, "template": source})

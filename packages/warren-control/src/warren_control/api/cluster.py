@@ -17,6 +17,7 @@ from warren_control.models import (
 )
 from warren_control.podspec import (
     FINALIZER,
+    FORK_SIBLINGS_ANNOTATION,
     GROUP,
     KIND,
     MANAGED_BY,
@@ -99,7 +100,9 @@ def org_hash(org_id: str) -> str:
     return hashlib.sha256(org_id.encode()).hexdigest()[:32]
 
 
-def resource_for(record: Sandbox, namespace: str, stamp_key: bytes) -> Obj:
+def resource_for(record: Sandbox, namespace: str, stamp_key: bytes, *, siblings: int | None = None) -> Obj:
+    """The record's Sandbox resource; a fork's child also says how many children its fork
+    makes (`siblings`), for the node to fork them with one freeze."""
     spec = record.spec
     body: Obj = {
         "image": spec["image"],
@@ -114,6 +117,8 @@ def resource_for(record: Sandbox, namespace: str, stamp_key: bytes) -> Obj:
     if spec.get("pool"):
         body["pool"] = spec["pool"]
     annotations = {POOL_SKIPPED_ANNOTATION: spec["pool_skipped"]} if spec.get("pool_skipped") else {}
+    if (spec.get("workspace") or {}).get("fork_of") and siblings and siblings > 1:
+        annotations[FORK_SIBLINGS_ANNOTATION] = str(siblings)
     if spec.get("env"):
         body["env"] = dict(spec["env"])
     reservation = spec.get("reservation") or {}

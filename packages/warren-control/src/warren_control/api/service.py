@@ -311,11 +311,14 @@ class ApiService:
 
     # ---- writing resources
 
-    def write_resource(self, record: Sandbox) -> str | None:
-        """Create the record's Sandbox resource; on failure, withdraw the record (and any
-        resource a timed-out create may have left) and return why."""
+    def write_resource(self, record: Sandbox, siblings: int | None = None) -> str | None:
+        """Create the record's Sandbox resource (one of a fork into `siblings`); on failure,
+        withdraw the record (and any resource a timed-out create may have left) and return
+        why."""
         try:
-            self.cluster.create(resource_for(record, self.settings.namespace, self.settings.stamp_key))
+            self.cluster.create(
+                resource_for(record, self.settings.namespace, self.settings.stamp_key, siblings=siblings)
+            )
         except ClusterError as exc:
             log.warning("creating the Sandbox resource failed: %s", exc)
             try:
@@ -528,7 +531,7 @@ class ApiService:
         status, response, replayed = store_errors(lambda: self.run(who, key, fingerprint, action))
         changed = False
         for index, child in [] if replayed else made:
-            failure = self.write_resource(child)
+            failure = self.write_resource(child, siblings=count)
             if failure is not None:
                 code, message = failure.split(":", 1)
                 response["results"][index] = {"ok": False, "error": code, "message": message}
