@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
+import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +19,8 @@ import httpx
 import pytest
 from api_stack import NAMESPACE, OrgHandle, Stack, StandIn, serve_stack
 from test_e2b_api import RunningPod, agent_binary, run_pod
-from warren_control.podspec import AGENT_CONTAINER, pod_name
+from warren_control import agentclient
+from warren_control.podspec import AGENT_CONTAINER, AGENT_PORT, pod_name
 from warren_control.sdk import WarrenError
 
 pytest_plugins = ["api_fixtures"]
@@ -125,3 +129,28 @@ def test_another_organization_reaches_nothing(agent_stack: Stack, box: Box) -> N
             attempt()
         assert refused.value.code == "not_found"
     assert not (home / "x").exists()
+
+
+def test_wait_healthy_answers_once_a_starting_agent_listens(agent_binary: Path, tmp_path: Path) -> None:
+    """What the controller asks of a fork-pool pod's new container: nothing listens at first
+    (its port refuses), then the agent does."""
+    address = "127." + ".".join(str(b) for b in secrets.token_bytes(2)) + f".{2 + secrets.randbelow(250)}"
+    assert not agentclient.wait_healthy(address, 0.3)  # nothing listens: false at the deadline
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "WARREN_AGENT_ACCESS_TOKEN": "t"}
+    started: list[subprocess.Popen[bytes]] = []
+    later = threading.Timer(
+        0.3,
+        lambda: started.append(
+            subprocess.Popen(
+                [str(agent_binary), "-listen", f"{address}:{AGENT_PORT}"], env=env, stderr=subprocess.DEVNULL
+            )
+        ),
+    )
+    later.start()
+    try:
+        assert agentclient.wait_healthy(address, 20)
+    finally:
+        later.join()
+        for process in started:
+            process.terminate()
+            process.wait(timeout=10)
