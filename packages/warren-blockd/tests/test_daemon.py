@@ -158,7 +158,7 @@ def test_forks_that_name_their_siblings_share_one_freeze(node: Blockd, tmp_path:
     kids = [f"many-kid-{index}" for index in range(8)]
 
     def fork(index: int) -> dict[str, object]:
-        time.sleep(0.04 * index)  # as a controller's binds come, one after another
+        time.sleep(0.02 * index)  # as a controller's binds come, one after another
         return node.client.action("many", "fork", children=[kids[index]], siblings=len(kids))
 
     with ThreadPoolExecutor(len(kids)) as pool:

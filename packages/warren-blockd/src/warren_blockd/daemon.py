@@ -192,11 +192,12 @@ def mounts_of(device: str) -> list[str]:
 @dataclass
 class _ForkBatch:
     """Children whose forks of one source are served by one freeze; the first of their
-    calls to get the turn makes them all, the others read its result."""
+    calls leads the batch and makes them all, the others wait for its result."""
 
     children: dict[str, None] = field(default_factory=dict)  # ordered, without repeats
     result: dict[str, str | None] | None = None
     error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -639,13 +640,14 @@ class Daemon:
         """Children get the source's manifest as it stands now. A source mounted here is frozen
         for the moment its writes take to reach storage, so the children see a clean filesystem.
 
-        A fork into many children reaches the node as one publish per child, all at once. A
-        frozen file system refuses a second freeze (EBUSY), so forks of one source take turns;
-        the calls that arrive while one is under way are served together by the next freeze
-        (group commit): eight children cost two freezes, not eight. Each child is still made
-        from the source as it stood after its call arrived. A call that names its fork's
-        `siblings` (all its children, this call's included) waits for the others to join,
-        up to fork_gather_max, rather than for fork_gather."""
+        A fork into many children reaches the node as one call per child, within some
+        hundreds of milliseconds. A frozen file system refuses a second freeze (EBUSY), so
+        forks of one source go in batches (group commit): the first call of a batch leads it,
+        the calls that arrive before it starts join it, and one freeze serves them all. The
+        leader waits for the rest of its fork: until its `siblings` (all the fork's children,
+        its own included) have joined, at most fork_gather_max, or fork_gather if it does not
+        say; and, while the batch before it runs, for that. Each child is still made from the
+        source as it stood after its call arrived."""
         check_id(source)
         for child in children:
             check_id(child)
@@ -655,30 +657,35 @@ class Daemon:
             )
         with self._lock:
             forks = self._forking.setdefault(source, _Forks())
-            first = forks.waiting is None
+            leads = forks.waiting is None
             batch = forks.waiting = forks.waiting or _ForkBatch()
             batch.children.update(dict.fromkeys(children))
             self._fork_joined.notify_all()
-        if first and not forks.turn.locked():
-            if siblings is None:
-                time.sleep(self.settings.fork_gather)  # the rest of this fork's children join
-            else:
-                with self._lock:
-                    self._fork_joined.wait_for(
-                        lambda: len(batch.children) >= siblings, self.settings.fork_gather_max
-                    )
-        with forks.turn:
-            with self._lock:
-                if forks.waiting is batch:  # this batch's turn: later calls start the next one
-                    forks.waiting = None
-            if batch.result is None and batch.error is None:
-                try:
+        if not leads:
+            batch.done.wait()
+        else:
+            try:
+                if not forks.turn.locked():
+                    self._gather(batch, siblings)
+                with forks.turn:
+                    with self._lock:
+                        forks.waiting = None  # later calls start the next batch
                     batch.result = self._fork_now(source, list(batch.children))
-                except BaseException as exc:
-                    batch.error = exc
+            except BaseException as exc:
+                batch.error = exc
+            finally:
+                batch.done.set()
         if batch.error is not None or batch.result is None:
             raise batch.error or BlockdError("internal", f"the fork of {source} made no result")
         return {child: batch.result[child] for child in children}
+
+    def _gather(self, batch: _ForkBatch, siblings: int | None) -> None:
+        """Wait for the rest of a fork's children to join its batch."""
+        if siblings is None:
+            time.sleep(self.settings.fork_gather)
+            return
+        with self._lock:
+            self._fork_joined.wait_for(lambda: len(batch.children) >= siblings, self.settings.fork_gather_max)
 
     def _fork_now(self, source: str, children: list[str]) -> dict[str, str | None]:
         metrics.FORK_FREEZES.inc()
