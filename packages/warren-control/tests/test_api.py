@@ -528,8 +528,9 @@ def test_a_child_the_cluster_refuses_fails_alone(stack: Stack) -> None:
     parent = org.client.create(IMAGE)
     stack.standin.refuse_creates.extend([None, (500, "etcdserver: request timed out"), None])
     results = org.client.fork(parent.id, 3, idempotency_key="fork-1")
-    assert [r.ok for r in results] == [True, False, True]
-    assert results[1].error == "unavailable"
+    # The children's resources are created side by side: any one of them met the refusal.
+    assert sorted(r.ok for r in results) == [False, True, True]
+    assert [r.error for r in results if not r.ok] == ["unavailable"]
     assert len(list(org.client.list())) == 3
     # A replay gives the final answer, including the failed child.
     again = org.client.fork(parent.id, 3, idempotency_key="fork-1")
