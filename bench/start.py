@@ -28,7 +28,8 @@ measured in one run on one machine, each beside its baseline. Writes bench/resul
   platform_cold_create_to_exec_ms_p50 (a size no pool holds), and fork8_to_exec_ms_p50: a
   running sandbox forked into eight children, until each has answered a command (with the
   fork pool base-forks full before each fork: fork8_children_claimed says how many children
-  of all the samples claimed one of its pods). Its figures are added to --partial's.
+  of all the samples claimed one of its pods). Every sample on the platform starts once no
+  pod of the sample before is still going away. Its figures are added to --partial's.
 
 Run it through `make bench-start`, which brings a throw-away cluster up and down, then the
 platform.
@@ -121,6 +122,13 @@ def answer(client: Client, sandbox_id: str, start: float, poll_s: float = 0.01) 
 def pool_ready(kube: Kube, size: int, name: str = POOL) -> bool:
     status = kube.request("GET", kube.pools_path(NAMESPACE, name)).get("status") or {}
     return int(status.get("ready") or 0) >= size
+
+
+def settled(kube: Kube) -> bool:
+    """No pod of the sandbox namespace is still going away: the sample before's teardown (its
+    gVisor sandboxes, its workspaces' unmounts) is not measured with the next one."""
+    pods = kube.request("GET", kube.pods_path(NAMESPACE)).get("items") or []
+    return not any(pod["metadata"].get("deletionTimestamp") for pod in pods)
 
 
 def wait(what: str, check: Callable[[], bool], timeout: float = 300) -> None:
@@ -382,7 +390,9 @@ def on_the_platform(kube: Kube, url: str, key: str, *, samples: int, fork_sample
         for index in range(samples):
             print(f"platform: pool and cold {index + 1}/{samples}", file=sys.stderr, flush=True)
             wait("the pool to be ready", lambda: pool_ready(kube, size))
+            wait("the node to settle", lambda: settled(kube))
             pooled.append(sample(client, image, "True/Claimed", command=None))
+            wait("the node to settle", lambda: settled(kube))
             cold.append(sample(client, image, "False/NoPool", **cold_size))
         _, parent, _ = create_to_exec_ms(client, image, command=None)
         client.write_file(parent, "/workspace/note", b"written before the fork\n")
@@ -395,8 +405,10 @@ def on_the_platform(kube: Kube, url: str, key: str, *, samples: int, fork_sample
             )
             if fork_pool:
                 wait("the fork pool to be ready", lambda: pool_ready(kube, fork_pool, FORK_POOL))
+            wait("the node to settle", lambda: settled(kube))
             elapsed, children_claimed = fork_to_exec_ms(client, parent, FORK_CHILDREN)
             forks.append(elapsed)
+            print(f"  {elapsed:.0f} ms, {children_claimed} children claimed", file=sys.stderr, flush=True)
             claimed += children_claimed
         client.delete(parent)
     finally:
