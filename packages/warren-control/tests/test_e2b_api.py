@@ -502,7 +502,16 @@ def test_create_waits_until_the_sandbox_runs(stack_url: str, standin: StandIn) -
         standin.set_status(name, {"phase": "Terminating", "observedGeneration": 0})
         assert Sandbox.get_info(sandbox.sandbox_id, **org.opts).state == SandboxState.PAUSED
 
+        paused = (standin.get(name) or {})["metadata"]["generation"]
+
         def controller_sees_the_resume() -> None:
+            # The controller answers the resumed spec, so only once the connect has written it
+            # (on a busy machine that can take longer than the second below).
+            deadline = time.monotonic() + 30
+            while (standin.get(name) or {})["metadata"][
+                "generation"
+            ] == paused and time.monotonic() < deadline:
+                time.sleep(0.05)
             time.sleep(1.0)
             generation = (standin.get(name) or {})["metadata"]["generation"]
             standin.set_status(name, {"phase": "Running", "observedGeneration": generation})
