@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Blockd
+from warren_blockd import loopdev
 from warren_blockd.client import ApiError
 
 pytestmark = pytest.mark.integration
@@ -169,6 +170,30 @@ def test_forks_that_name_their_siblings_share_one_freeze(node: Blockd, tmp_path:
     assert metric(metrics, "blockd_fork_batches_total") == 1
     with pytest.raises(ApiError, match="siblings"):
         node.client.action("many", "fork", children=["many-kid-x"], siblings=0)
+
+
+def test_the_children_of_a_fork_mount_at_once_each_on_its_own_device(node: Blockd, tmp_path: Path) -> None:
+    """A fork's eight children are mounted side by side, as a claim binds them: each gets a
+    loop device of its own on its own file, though the daemon configures them all at once
+    (and serves the FUSE reads and syncs that configuring them makes, meanwhile)."""
+    node.client.create("par", 64 << 20)
+    src = tmp_path / "par"
+    node.client.action("par", "mount", target=str(src))
+    (src / "note.txt").write_text("before the fork\n")
+    kids = [f"par-kid-{index}" for index in range(8)]
+    node.client.action("par", "fork", children=kids)
+
+    def mount(kid: str) -> str:
+        return str(node.client.action(kid, "mount", target=str(tmp_path / kid))["device"])
+
+    with ThreadPoolExecutor(len(kids)) as pool:
+        devices = list(pool.map(mount, kids))
+    assert len(set(devices)) == len(kids), devices
+    for kid, device in zip(kids, devices, strict=True):
+        assert loopdev.backing_file(device) == str(node.state / "node" / "fuse" / kid)
+        assert (tmp_path / kid / "note.txt").read_text() == "before the fork\n"
+    for kid in kids:
+        node.client.action(kid, "unmount", wait_replicated=60)
 
 
 def test_consolidation_runs_and_restore_uses_it(

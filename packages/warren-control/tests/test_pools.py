@@ -15,8 +15,16 @@ import pytest
 from test_controller import LOUD, NS, FakeKube, remember_all, run
 from warren_control import agentclient
 from warren_control.binder import BindError
-from warren_control.controller import REFILL_AT_THE_LATEST_S, ControllerOptions, Reconciler, observe
+from warren_control.controller import (
+    REFILL_AT_THE_LATEST_S,
+    ControllerOptions,
+    Observation,
+    Reconciler,
+    observe,
+    status_for,
+)
 from warren_control.kube import Obj
+from warren_control.observation import with_pod
 from warren_control.podspec import (
     BIND_AT_CLAIM_ANNOTATION,
     CLAIMED_FROM_ANNOTATION,
@@ -585,6 +593,33 @@ def test_a_forks_child_claims_a_pod_binds_its_fork_there_and_then_starts_its_con
     assert binder.calls == [(claimed["metadata"]["uid"], FORK_CHILD)]  # one bind, one container
     assert len(added) == 1
     assert first["metadata"]["name"] in kube.pods
+
+
+def test_the_mirror_takes_the_controllers_word_that_a_claimed_pods_agent_answered() -> None:
+    """The API reads the status mirror, which computes the phase from the pod itself: for a
+    container added to a claimed pool pod, the controller's report that the sandbox runs in
+    that very pod (its agent answered) counts, without waiting for kubelet's next look."""
+    kube, reconciler, _, _ = bind_pool()
+    fill(kube, reconciler, "base-forks")
+    kube.add_sandbox("child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "child")
+    sandbox = {**kube.sandboxes["child"], "status": kube.status("child")}
+    (pod,) = [p for p in kube.pods.values() if controller_uid(p) == sandbox["metadata"]["uid"]]
+    assert with_pod(sandbox, pod)["status"]["phase"] == "Pending"
+    running = status_for(sandbox, Observation("Running", True, "PodReady", "", pod=pod["metadata"]["name"]))
+    assert with_pod({**sandbox, "status": running}, pod)["status"]["phase"] == "Running"
+    # Not a report about another pod, nor one about an older spec of the Sandbox.
+    elsewhere = {**running, "podName": "pool-base-forks-0000000000"}
+    assert with_pod({**sandbox, "status": elsewhere}, pod)["status"]["phase"] == "Pending"
+    older = {**running, "observedGeneration": -1}
+    assert with_pod({**sandbox, "status": older}, pod)["status"]["phase"] == "Pending"
+    # Nor against the pod's own word that the container ended.
+    ended = copy.deepcopy(pod)
+    ended["status"]["ephemeralContainerStatuses"] = [
+        {"name": "sandbox", "state": {"terminated": {"exitCode": 1}}}
+    ]
+    assert with_pod({**sandbox, "status": running}, ended)["status"]["phase"] == "Failed"
 
 
 def test_a_refused_bind_costs_the_pod_and_the_child_starts_cold_saying_why() -> None:

@@ -412,9 +412,7 @@ class Daemon:
         Workspace(self.store, draft).create(size_bytes // BLOCK_SIZE)
         att = self.attach(draft)
         try:
-            # Direct I/O, as for a mount: every write reaches this daemon before it completes,
-            # none waits in the backing file's page cache while the device is let go.
-            device = self._attach_loop(draft, att, "--direct-io=on")
+            device = self._attach_loop(draft, att)  # direct I/O, as for a mount
             run(
                 "mkfs.ext4",
                 "-q",
@@ -508,19 +506,17 @@ class Daemon:
         )
         return att
 
-    def _attach_loop(self, workspace_id: str, att: Attached, *options: str) -> str:
-        """A loop device on the workspace's FUSE file, autoclear and held by us (loopdev.py):
-        it goes when we let go of it and nothing mounts it, even if we die first."""
+    def _attach_loop(self, workspace_id: str, att: Attached) -> str:
+        """A loop device on the workspace's FUSE file, with direct I/O (every write reaches
+        this daemon before it completes, none waits in the file's page cache), autoclear
+        and held by us (loopdev.py): it goes when we let go of it and nothing mounts it,
+        even if we die first."""
         backing = self.fuse_dir / workspace_id
-        device = run("losetup", "--find", "--show", *options, str(backing))
         try:
-            att.loop_fd = loopdev.hold(device, backing)
+            att.loop, att.loop_fd = loopdev.attach(backing, "--direct-io=on")
         except OSError as exc:
-            with contextlib.suppress(OSError):  # only if it is still ours
-                loopdev.detach_if_backed_by(device, backing)
-            raise BlockdError("host_command_failed", f"holding {device} for {workspace_id}: {exc}") from exc
-        att.loop = device
-        return device
+            raise BlockdError("host_command_failed", f"attaching a loop device to {backing}: {exc}") from exc
+        return att.loop
 
     def _release_loop(self, workspace_id: str, att: Attached) -> None:
         """Let go of the loop device. Ours is held: closing it detaches it (or, while a
@@ -552,7 +548,7 @@ class Daemon:
                 return {"workspace": workspace_id, "device": att.loop, "target": target}
             raise BlockdError("busy", f"workspace {workspace_id} is already mounted at {att.target}")
         Path(target).mkdir(parents=True, exist_ok=True)
-        device = att.loop or self._attach_loop(workspace_id, att, "--direct-io=on")
+        device = att.loop or self._attach_loop(workspace_id, att)
         self._record_mount(workspace_id, att)
         run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, device, target)
         att.target = target

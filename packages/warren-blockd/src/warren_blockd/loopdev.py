@@ -16,20 +16,36 @@ without first reading that its backing file is ours.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import os
 import struct
 import subprocess
+import threading
 from pathlib import Path
 
 LOOP_SET_STATUS64 = 0x4C04
 LOOP_GET_STATUS64 = 0x4C05
+LOOP_CTL_ADD = 0x4C80
+LOOP_CTL_GET_FREE = 0x4C82
+LOOP_CONTROL = Path("/dev/loop-control")
 LO_FLAGS_AUTOCLEAR = 4
 # struct loop_info64 (linux/loop.h): device, inode, rdevice, offset, sizelimit; number,
 # encrypt type, encrypt key size, flags; file name, crypt name, key; init[2]. 232 bytes.
 _INFO64 = struct.Struct("=5Q4I64s64s32s2Q")
 _FLAGS = 8  # lo_flags in the unpacked tuple
 SYS_BLOCK = Path("/sys/block")
+# Another process on the machine may take a number between our choosing and binding it.
+ATTACH_TRIES = 16
+# Numbers chosen here and not yet bound. Concurrent `losetup --find` calls were given the
+# same free number; all but one failed and slept 200 ms before asking again (a fork's eight
+# children waited up to 1.3 s for their devices). Each attach here takes a number of its
+# own. The daemon never opens a file of its FUSE mount itself, `losetup` does: a child it
+# forked meanwhile would inherit that descriptor, and closing it before its exec waits for
+# a FUSE answer from the daemon, which waits for the child.
+_reserved: set[int] = set()
+_choosing = threading.Lock()
 
 
 class LoopError(OSError):
@@ -62,6 +78,45 @@ def status(fd: int) -> tuple[int, int, int]:
     """(backing file's device as the kernel encodes it, its inode, flags) of an open loop device."""
     info = _INFO64.unpack(fcntl.ioctl(fd, LOOP_GET_STATUS64, bytes(_INFO64.size)))
     return int(info[0]), int(info[1]), int(info[_FLAGS])
+
+
+def attach(backing: Path, *options: str) -> tuple[str, int]:
+    """A loop device bound to `backing` by `losetup` with `options`, autoclear and held
+    (hold()): (/dev/loopN, the descriptor that holds it). Concurrent attaches in this
+    process bind distinct numbers side by side."""
+    for _ in range(ATTACH_TRIES):
+        number = _choose()
+        device = f"/dev/loop{number}"
+        try:
+            done = subprocess.run(
+                ["losetup", *options, device, str(backing)], capture_output=True, text=True, check=False
+            )
+        finally:
+            with _choosing:
+                _reserved.discard(number)
+        if done.returncode == 0:
+            try:
+                return device, hold(device, backing)
+            except BaseException:
+                with contextlib.suppress(OSError):  # only if it is still ours
+                    detach_if_backed_by(device, backing)
+                raise
+        if backing_file(device) in (None, str(backing)):  # not taken by another: a real failure
+            raise LoopError(f"losetup {device} {backing} failed: {done.stderr.strip() or done.returncode}")
+    raise LoopError(errno.EBUSY, f"no free loop device for {backing} after {ATTACH_TRIES} tries")
+
+
+def _choose() -> int:
+    """An unbound loop number no other attach here has chosen (made if need be)."""
+    with _choosing, LOOP_CONTROL.open("rb", buffering=0) as control:
+        number = int(fcntl.ioctl(control, LOOP_CTL_GET_FREE))
+        while number in _reserved or backing_file(f"/dev/loop{number}") is not None:
+            number += 1
+            if not (SYS_BLOCK / f"loop{number}").exists():
+                with contextlib.suppress(FileExistsError):
+                    fcntl.ioctl(control, LOOP_CTL_ADD, number)
+        _reserved.add(number)
+        return number
 
 
 def hold(device: str, backing: Path) -> int:

@@ -734,12 +734,22 @@ class Reconciler:
         uid, meta = str(pod["metadata"]["uid"]), sandbox["metadata"]
 
         def ask() -> None:
+            asking = time.monotonic()
             answered = agentclient.wait_healthy(str(address), AGENT_START_WAIT_S)
-            self._one_started(pool)
-            if answered:
-                with self._guard:
-                    self._agent_answers.add(uid)
-                self.reconcile(meta["namespace"], meta["name"])
+            try:
+                if answered:
+                    log.info(
+                        "the agent in pod %s answered %d ms after its container was added",
+                        pod["metadata"]["name"],
+                        (time.monotonic() - asking) * 1000,
+                    )
+                    with self._guard:
+                        self._agent_answers.add(uid)
+                    self.reconcile(meta["namespace"], meta["name"])
+            finally:
+                # Only once the Sandbox reports Running: new pool pods starting would take
+                # the CPU from that report and from the caller's first command.
+                self._one_started(pool)
 
         threading.Thread(target=ask, name=f"agent-{meta['name']}", daemon=True).start()
 

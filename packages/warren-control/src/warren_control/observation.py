@@ -38,7 +38,22 @@ def location_of(node: Mapping[str, Any] | None) -> dict[str, str] | None:
 def with_pod(sandbox: Obj, pod: Obj | None) -> Obj:
     """The Sandbox as it will read once the controller has seen `pod`: its status computed by
     the controller's own pure function, so the mirror need not wait for the controller."""
-    return {**sandbox, "status": status_for(sandbox, observe(sandbox, pod))}
+    seen = observe(sandbox, pod, agent_answers=_agent_answered(sandbox, pod))
+    return {**sandbox, "status": status_for(sandbox, seen)}
+
+
+def _agent_answered(sandbox: Obj, pod: Obj | None) -> bool:
+    """Whether the controller reported the Sandbox Running in this very pod. For a container
+    added to a claimed pool pod that is the word of its agent, which the controller asks
+    itself; the pod shows the container running only after kubelet's next look, a second
+    or more later."""
+    status = sandbox.get("status") or {}
+    return (
+        pod is not None
+        and status.get("phase") == "Running"
+        and status.get("podName") == pod["metadata"]["name"]
+        and status.get("observedGeneration") == (sandbox.get("metadata") or {}).get("generation")
+    )
 
 
 def _same_conditions(new: list[dict[str, Any]], old: list[dict[str, Any]] | None) -> bool:
