@@ -38,6 +38,7 @@ _FLAGS = 8  # lo_flags in the unpacked tuple
 SYS_BLOCK = Path("/sys/block")
 # Another process on the machine may take a number between our choosing and binding it.
 ATTACH_TRIES = 16
+CHOOSE_SPAN = 256  # numbers looked at past the first free one
 # Numbers chosen here and not yet bound. Concurrent `losetup --find` calls were given the
 # same free number; all but one failed and slept 200 ms before asking again (a fork's eight
 # children waited up to 1.3 s for their devices). Each attach here takes a number of its
@@ -107,16 +108,26 @@ def attach(backing: Path, *options: str) -> tuple[str, int]:
 
 
 def _choose() -> int:
-    """An unbound loop number no other attach here has chosen (made if need be)."""
+    """An unbound loop number with a node in /dev that no other attach here has chosen (its
+    device made if need be: in a container whose /dev is a copy, only numbers made before
+    it started have nodes)."""
     with _choosing, LOOP_CONTROL.open("rb", buffering=0) as control:
-        number = int(fcntl.ioctl(control, LOOP_CTL_GET_FREE))
-        while number in _reserved or backing_file(f"/dev/loop{number}") is not None:
-            number += 1
+        first = int(fcntl.ioctl(control, LOOP_CTL_GET_FREE))
+        for number in range(first, first + CHOOSE_SPAN):
+            if number in _reserved or backing_file(f"/dev/loop{number}") is not None:
+                continue
             if not (SYS_BLOCK / f"loop{number}").exists():
                 with contextlib.suppress(FileExistsError):
                     fcntl.ioctl(control, LOOP_CTL_ADD, number)
-        _reserved.add(number)
-        return number
+            if Path(f"/dev/loop{number}").exists():
+                _reserved.add(number)
+                return number
+    last = first + CHOOSE_SPAN - 1
+    raise LoopError(
+        errno.ENODEV,
+        f"no free loop device with a node in /dev from /dev/loop{first} to /dev/loop{last}: "
+        "make nodes for more (mknod /dev/loopN b 7 N) or detach unused ones (losetup -d)",
+    )
 
 
 def hold(device: str, backing: Path) -> int:
