@@ -132,7 +132,7 @@ def controller_kubeconfig(kube: Kube, admin_kubeconfig: str, directory: Path) ->
 
 
 # Runs the controller with one change: the process SIGKILLs itself right after its Nth pod
-# create returned, before it wrote any status or told kopf the handler finished.
+# create returned, before it wrote any status.
 CRASH_HOOK = """
 import os, signal, sys, threading
 from warren_control import controller
@@ -213,13 +213,10 @@ class Controller:
         return self.process is not None and self.process.poll() is None
 
     def logs(self) -> str:
-        """The end of each log, without kopf's line for every handler that succeeded (at
-        thousands of Sandboxes those would be all a failure shows)."""
+        """The end of each log."""
         parts = []
         for path in sorted(self.log_dir.glob("controller-*.log")):
-            lines = path.read_text(errors="replace").splitlines()
-            kept = "\n".join(line for line in lines if "' succeeded." not in line)
-            parts.append(f"--- {path.name}\n{kept[-4000:]}")
+            parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}")
         return "\n".join(parts)
 
 

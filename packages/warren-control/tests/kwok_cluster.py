@@ -172,7 +172,7 @@ class KwokCluster(KubeCluster):
             process.stop()
 
 
-# Writes only the controller makes: its pods, its finalizer and kopf's state, its status.
+# Writes only the controller makes: its pods, its finalizer, its status.
 # (Not pod deletes: kwok, playing the kubelet, deletes pods too.)
 CONTROLLER_WRITES = frozenset(
     {

@@ -4,29 +4,20 @@ cluster tests (test_controller_cluster.py) run the same against a real cluster."
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import threading
 from typing import Any
 
-import kopf
 import pytest
-from kubernetes import client
 from warren_common.testing import wait_for
 from warren_control.controller import (
-    ANNOTATION_PREFIX,
     FINALIZER,
     ControllerOptions,
-    MemoryDiffBase,
     Observation,
-    PodEvents,
-    ProgressAnnotations,
     Reconciler,
-    build_registry,
-    connection_info,
+    Watches,
     observe,
-    settings_for,
     status_for,
 )
 from warren_control.kube import ApiException, Kube, Obj
@@ -55,6 +46,7 @@ class FakeKube(Kube):
         self.lists = 0
         self.pod_patches = 0
         self.spec_patches = 0
+        self.json_patches = 0
         self.pool_status: dict[str, Obj] = {}
         self._uids = 0
         self._versions = 0
@@ -70,6 +62,7 @@ class FakeKube(Kube):
             "metadata": {"name": name, "namespace": NS, "uid": self._uid(), "generation": 1},
             "spec": {"image": "busybox", **spec},
         }
+        self._version(obj)
         self.sandboxes[name] = obj
         return obj
 
@@ -169,6 +162,39 @@ class FakeKube(Kube):
         self.spec_patches += 1
         workspace.update(copy.deepcopy(wanted))
         obj["metadata"]["generation"] += 1
+        return copy.deepcopy(obj)
+
+    def json_patch_sandbox(self, namespace: str, name: str, ops: list[Obj]) -> Obj:
+        """The operations on metadata the controller makes (test, add, remove), all or none;
+        a Sandbox being deleted goes once its last finalizer does."""
+        obj = self.sandboxes.get(name)
+        if obj is None:
+            raise api_error(404, "not found")
+        patched = copy.deepcopy(obj)
+        for op in ops:
+            *parents, last = op["path"].strip("/").split("/")
+            target = patched
+            for part in parents:
+                target = target.setdefault(part, {})
+            if isinstance(target, list):
+                at = len(target) if last == "-" else int(last)
+                held = target[at] if at < len(target) else None
+            else:
+                held = target.get(last)
+            if op["op"] == "test" and held != op["value"]:
+                raise api_error(422, f"the test of {op['path']} failed")
+            if op["op"] == "add" and isinstance(target, list):
+                target.insert(at, op["value"])
+            elif op["op"] == "add":
+                target[last] = copy.deepcopy(op["value"])
+            elif op["op"] == "remove":
+                del target[at if isinstance(target, list) else last]
+        self.json_patches += 1
+        obj.clear()
+        obj.update(patched)
+        self._version(obj)
+        if obj["metadata"].get("deletionTimestamp") and not obj["metadata"].get("finalizers"):
+            del self.sandboxes[name]
         return copy.deepcopy(obj)
 
     def patch_sandbox_status(self, namespace: str, name: str, status: Obj) -> Obj:
@@ -286,7 +312,9 @@ def test_refused_pod_fails_the_sandbox_with_the_servers_message(
     assert "[warren:runtime-class]" in ready(status)["message"]
 
 
-def test_server_errors_propagate_for_kopf_to_retry(kube: FakeKube, reconciler: Reconciler) -> None:
+def test_server_errors_propagate_for_the_pass_to_be_tried_again(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
     kube.add_sandbox("a")
     kube.refuse = api_error(500, "etcd is down")
     with pytest.raises(ApiException):
@@ -412,7 +440,7 @@ def test_pod_deleted_behind_our_back_is_made_again(kube: FakeKube, reconciler: R
 
 def test_a_gone_pod_whose_sandbox_memory_lacks_costs_no_read(kube: FakeKube, reconciler: Reconciler) -> None:
     # Under load a pod's DELETED event is often handled after its Sandbox's: the Sandbox is
-    # gone, or (if its event is late) kopf's handlers make the pod again when it comes.
+    # gone, or (if its event is late) its own pass makes the pod again when it comes.
     kube.add_sandbox("a")
     reconciler.reconcile(NS, "a")
     pod = copy.deepcopy(next(iter(kube.pods.values())))
@@ -541,59 +569,124 @@ def test_status_carries_over_conditions_of_other_types() -> None:
     assert [c["type"] for c in status["conditions"]] == ["WorkspaceReady", "Ready"]
 
 
-def test_operator_settings_keep_kopf_state_out_of_status_and_peering_off() -> None:
-    settings = settings_for(ControllerOptions(workers=4))
-    assert settings.persistence.finalizer == FINALIZER == "warren.dev/controller"
-    assert isinstance(settings.persistence.progress_storage, ProgressAnnotations)
-    assert isinstance(settings.persistence.diffbase_storage, MemoryDiffBase)
-    assert settings.peering.standalone is True
-    assert settings.scanning.disabled is True
-    assert settings.execution.max_workers == 4
+# ---- the watches: what each change becomes
 
 
-def test_the_diff_base_is_kept_per_sandbox_in_memory_and_dropped_at_deletion() -> None:
-    storage = MemoryDiffBase()
-    live = kopf.Body({"metadata": {"uid": "u1", "name": "a"}, "spec": {"image": "x"}})
-    assert storage.fetch(body=live) is None  # never seen: kopf handles it as new
-    essence = storage.build(body=live)
-    storage.store(body=live, patch=kopf.Patch(), essence=essence)
-    assert storage.fetch(body=live) == essence
-    deleting = kopf.Body({"metadata": {"uid": "u1", "name": "a", "deletionTimestamp": "t"}, "spec": {}})
-    storage.store(body=deleting, patch=kopf.Patch(), essence=storage.build(body=deleting))
-    assert storage.fetch(body=live) is None
-    assert len(storage) == 0
+def with_finalizer(sandbox: Obj) -> Obj:
+    sandbox["metadata"]["finalizers"] = [FINALIZER]  # as the API makes Sandboxes
+    return sandbox
 
 
-def test_kopfs_own_annotations_are_no_change_of_the_sandbox() -> None:
-    storage = MemoryDiffBase()
-    plain = {"metadata": {"uid": "u1", "annotations": {"team": "a"}}, "spec": {"image": "x"}}
-    retrying = copy.deepcopy(plain)
-    retrying["metadata"]["annotations"][f"{ANNOTATION_PREFIX}/ensure"] = '{"retries":1}'
-    assert storage.build(body=kopf.Body(retrying)) == storage.build(body=kopf.Body(plain))
-    patch = kopf.Patch()
-    ProgressAnnotations(prefix=ANNOTATION_PREFIX, v1=False).store(
-        key=kopf.HandlerId("ensure"), record={"retries": 1}, body=kopf.Body(plain), patch=patch
-    )
-    assert set(patch["metadata"]["annotations"]) == {f"{ANNOTATION_PREFIX}/ensure"}  # no marker
+def deleting(kube: FakeKube, name: str) -> Obj:
+    kube.sandboxes[name]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return copy.deepcopy(kube.sandboxes[name])
 
 
-def test_registry_handles_sandboxes_and_watches_only_our_pods(kube: FakeKube) -> None:
-    registry = build_registry(Reconciler(kube))
-    changing = {h.id for h in registry._changing.get_all_handlers()}
-    assert changing == {"ensure", "finalize"}
-    assert {h.id for h in registry._spawning.get_all_handlers()} == {"resync"}
-    (sandboxes,) = registry._watching.get_all_handlers()
-    assert sandboxes.id == "remember"
-    assert sandboxes.selector.any_name == "sandboxes"
-    pods, pools = PodEvents(Reconciler(kube), [NS]).informers
+def test_the_watches_cover_sandboxes_pools_and_only_the_pods_made_here(kube: FakeKube) -> None:
+    sandboxes, pods, pools = Watches(Reconciler(kube), [NS]).informers
+    assert sandboxes.path == f"/apis/warren.dev/v1alpha1/namespaces/{NS}/sandboxes"
     assert pods.query == {"labelSelector": "app.kubernetes.io/managed-by=warren-control"}
     assert pools.path == f"/apis/warren.dev/v1alpha1/namespaces/{NS}/sandboxpools"
 
 
-def test_resync_waits_one_interval_before_its_first_pass(kube: FakeKube) -> None:
-    registry = build_registry(Reconciler(kube, ControllerOptions(resync_seconds=45)))
-    (resync,) = registry._spawning.get_all_handlers()
-    assert resync.interval == resync.initial_delay == 45
+def test_a_sandbox_event_is_a_pass_with_no_write_for_the_finalizer(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    sbx = with_finalizer(kube.add_sandbox("a"))
+    watches = Watches(reconciler, [NS])
+    watches._sandbox_event("ADDED", copy.deepcopy(sbx))
+    wait_for(lambda: kube.creates == 1, 10, "the Sandbox's pod made")
+    watches.sandbox_queue.shutdown()
+    assert kube.json_patches == 0
+    assert reconciler.sandboxes.get(NS, "a") is not None
+
+
+def test_a_sandbox_made_without_the_finalizer_gets_it_before_its_pod(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    reconciler.sandbox_event("ADDED", copy.deepcopy(kube.add_sandbox("a")))  # as kubectl makes it
+    # Someone else's finalizer arrives before the pass: it must not be overwritten.
+    kube.sandboxes["a"]["metadata"]["finalizers"] = ["team.example/keep"]
+    kube._version(kube.sandboxes["a"])
+    watches = Watches(reconciler, [NS])
+    watches.sandbox_pass(NS, "a")
+    assert kube.sandboxes["a"]["metadata"]["finalizers"] == ["team.example/keep"]
+    assert kube.creates == 0  # no pod while the Sandbox could go without the controller
+    reconciler.sandbox_event("MODIFIED", copy.deepcopy(kube.sandboxes["a"]))  # its event
+    watches.sandbox_pass(NS, "a")
+    assert kube.sandboxes["a"]["metadata"]["finalizers"] == ["team.example/keep", FINALIZER]
+    assert kube.creates == 1
+
+
+def test_a_pass_that_failed_is_tried_again(kube: FakeKube, caplog: pytest.LogCaptureFixture) -> None:
+    reconciler = Reconciler(kube, ControllerOptions(quiet_start_seconds=0, retry_seconds=0.05))
+    reconciler.sandbox_event("ADDED", copy.deepcopy(with_finalizer(kube.add_sandbox("a"))))
+    watches = Watches(reconciler, [NS])
+    stop = threading.Event()
+    threading.Thread(target=watches.later.run, args=(stop,), daemon=True).start()
+    kube.refuse = api_error(500, "etcd is down")
+    watches.sandbox_pass(NS, "a")
+    assert "etcd is down" in caplog.text
+    kube.refuse = None
+    wait_for(lambda: kube.creates == 1, 10, "the pod made by the pass tried again")
+    stop.set()
+    watches.sandbox_queue.shutdown()
+
+
+def test_the_finalizer_ends_on_the_pods_deleted_event_not_its_next_poll(kube: FakeKube) -> None:
+    # A poll far later than the test may take, and no thread to run it: only the event can
+    # end the wait.
+    options = ControllerOptions(quiet_start_seconds=0, finalize_poll_seconds=60, finalize_poll_max_seconds=60)
+    reconciler = Reconciler(kube, options)
+    uid = with_finalizer(kube.add_sandbox("a"))["metadata"]["uid"]
+    reconciler.reconcile(NS, "a")
+    remember_all(reconciler, kube)
+    watches = Watches(reconciler, [NS])
+    watches._sandbox_event("MODIFIED", deleting(kube, "a"))
+    wait_for(lambda: "deletionTimestamp" in kube.pods[pod_name(uid)]["metadata"], 10, "the pod deleted")
+    assert kube.status("a")["phase"] == "Terminating"
+    pod = copy.deepcopy(kube.pods[pod_name(uid)])
+    kube.finish_deletions()
+    watches._event("DELETED", pod)
+    wait_for(lambda: "a" not in kube.sandboxes, 10, "the finalizer removed and the Sandbox gone")
+    for queue in (watches.sandbox_queue, watches.queue):
+        queue.shutdown()
+    assert kube.creates == 1  # the DELETED event did not make the pod again
+
+
+def test_a_pod_that_outlasts_the_finalizers_patience_is_reported(
+    kube: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    reconciler = Reconciler(kube, ControllerOptions(quiet_start_seconds=0, finalize_patience_seconds=0))
+    with_finalizer(kube.add_sandbox("a"))
+    reconciler.reconcile(NS, "a")
+    remember_all(reconciler, kube)
+    reconciler.sandbox_event("MODIFIED", deleting(kube, "a"))
+    watches = Watches(reconciler, [NS])
+    watches.sandbox_pass(NS, "a")
+    assert kube.status("a")["phase"] == "Terminating"
+    assert "has not stopped" not in caplog.text
+    watches.sandbox_pass(NS, "a")  # the pod is still there, past the patience
+    assert "has not stopped" in caplog.text
+    assert "a" in kube.sandboxes  # kept while its pod is there
+
+
+def test_the_resync_passes_every_sandbox_each_interval_not_at_once(kube: FakeKube) -> None:
+    reconciler = Reconciler(kube, ControllerOptions(resync_seconds=0.3))
+    for name in "abc":
+        kube.add_sandbox(name)
+    remember_all(reconciler, kube)
+    watches = Watches(reconciler, [NS])
+    queued: list[str] = []
+    watches.queue_sandbox = lambda _namespace, name: queued.append(name)  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=watches._resync, args=(stop,), daemon=True)
+    thread.start()
+    assert queued == []  # a start has just passed every Sandbox (the list)
+    wait_for(lambda: len(queued) >= 3, 10, "a resync")
+    stop.set()
+    thread.join(5)
+    assert sorted(queued[:3]) == ["a", "b", "c"]
 
 
 def test_pod_events_of_a_sandbox_being_finalized_only_wake_its_finalizer(
@@ -604,72 +697,15 @@ def test_pod_events_of_a_sandbox_being_finalized_only_wake_its_finalizer(
     reconciler.reconcile(NS, "a")
     kube.sandboxes["a"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     woken: list[str] = []
-    with reconciler.finalizing(uid, lambda: woken.append(uid)):
-        assert reconciler.finalize(NS, "a", uid) is False
-        pod = kube.pods[pod_name(uid)]
-        reconciler.pod_changed("MODIFIED", pod)
-        assert woken == []
-        kube.finish_deletions()
-        reconciler.pod_changed("DELETED", pod)
-        assert woken == [uid]
+    reconciler.await_pod_gone(uid, lambda: woken.append(uid))
+    assert reconciler.finalize(NS, "a", uid) is False
+    pod = kube.pods[pod_name(uid)]
+    reconciler.pod_changed("MODIFIED", pod)
+    assert woken == []
+    kube.finish_deletions()
+    reconciler.pod_changed("DELETED", pod)
+    assert woken == [uid]
     assert kube.creates == 1  # the DELETED event did not make the pod again
-
-
-def test_finalizer_ends_on_the_pods_deleted_event_not_its_next_poll(kube: FakeKube) -> None:
-    # A poll interval far longer than the test may take: only the event can end the wait.
-    options = ControllerOptions(finalize_poll_seconds=60, finalize_poll_max_seconds=60)
-    reconciler = Reconciler(kube, options)
-    sbx = kube.add_sandbox("a")
-    uid = sbx["metadata"]["uid"]
-    reconciler.reconcile(NS, "a")
-    kube.sandboxes["a"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    (handler,) = [h for h in build_registry(reconciler)._changing.get_all_handlers() if h.id == "finalize"]
-
-    async def delete() -> None:
-        finalizing = asyncio.create_task(handler.fn(namespace=NS, name="a", uid=uid))
-        while "deletionTimestamp" not in kube.pods[pod_name(uid)]["metadata"]:
-            await asyncio.sleep(0.01)
-        pod = kube.pods[pod_name(uid)]
-        kube.finish_deletions()
-        await asyncio.to_thread(reconciler.pod_changed, "DELETED", pod)
-        await asyncio.wait_for(finalizing, timeout=10)
-
-    asyncio.run(delete())
-    assert not kube.pods
-
-
-def test_finalizer_reports_a_pod_that_outlasts_its_patience(kube: FakeKube) -> None:
-    options = ControllerOptions(finalize_poll_seconds=0.01, finalize_patience_seconds=0.1)
-    reconciler = Reconciler(kube, options)
-    sbx = kube.add_sandbox("a")
-    reconciler.reconcile(NS, "a")
-    kube.sandboxes["a"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    (handler,) = [h for h in build_registry(reconciler)._changing.get_all_handlers() if h.id == "finalize"]
-    with pytest.raises(kopf.TemporaryError, match="has not stopped"):
-        asyncio.run(handler.fn(namespace=NS, name="a", uid=sbx["metadata"]["uid"]))
-    assert kube.status("a")["phase"] == "Terminating"
-
-
-@pytest.mark.parametrize(
-    ("api_key", "prefix", "expected"),
-    [
-        ({"BearerToken": "t0k"}, {"BearerToken": "Bearer"}, ("Bearer", "t0k")),
-        ({"BearerToken": "t0k"}, {}, (None, "t0k")),
-        ({}, {}, (None, None)),
-    ],
-    ids=["prefixed", "bare", "certificates"],
-)
-def test_kopf_logs_in_as_the_handlers_client(
-    api_key: dict[str, str], prefix: dict[str, str], expected: tuple[str | None, str | None]
-) -> None:
-    configuration = client.Configuration(
-        host="https://api.example:6443", api_key=api_key, api_key_prefix=prefix
-    )
-    configuration.ssl_ca_cert = "ca.crt"
-    info = connection_info(Kube(client.ApiClient(configuration)))
-    assert (info.scheme, info.token) == expected
-    assert info.server == "https://api.example:6443"
-    assert info.ca_path == "ca.crt"
 
 
 # ---- passes from the watches' memory
@@ -712,7 +748,7 @@ def test_a_pod_gone_from_a_relist_is_made_again_and_wakes_no_one(
     remember_all(reconciler, kube)
     reconciler.reconcile(NS, "a")
     remember_all(reconciler, kube)
-    events = PodEvents(reconciler, [NS])
+    events = Watches(reconciler, [NS])
     kube.pods.clear()  # deleted while no watch ran: only the relist shows it
     events._replace(NS, [])
     wait_for(lambda: kube.creates == 2, 10, "the pod made again")
@@ -727,11 +763,11 @@ def test_a_relist_without_the_pod_wakes_its_finalizer(kube: FakeKube, reconciler
     reconciler.reconcile(NS, "a")
     remember_all(reconciler, kube)
     woken: list[str] = []
-    events = PodEvents(reconciler, [NS])
-    with reconciler.finalizing(uid, lambda: woken.append(uid)):
-        events._replace(NS, [])
-        assert set(woken) == {uid}  # at once; the queued pass may wake it again
-        assert reconciler.finalize(NS, "a", uid, report=False) is True
+    events = Watches(reconciler, [NS])
+    reconciler.await_pod_gone(uid, lambda: woken.append(uid))
+    events._replace(NS, [])
+    assert set(woken) == {uid}  # at once; the queued pass may wake it again
+    assert reconciler.finalize(NS, "a", uid, report=False) is True
     events.queue.shutdown()
 
 
@@ -799,7 +835,7 @@ def test_a_start_that_goes_wrong_is_reported_at_once(kube: FakeKube) -> None:
 
 def test_a_start_still_under_way_when_the_quiet_ends_is_reported(kube: FakeKube) -> None:
     reconciler = Reconciler(kube, ControllerOptions(quiet_start_seconds=0.3))
-    events = PodEvents(reconciler, [NS])  # its delayed pass, asked for when the pod is made
+    events = Watches(reconciler, [NS])  # its delayed pass, asked for when the pod is made
     stop = threading.Event()
     threading.Thread(target=events.later.run, args=(stop,), daemon=True).start()
     try:

@@ -34,8 +34,8 @@ from warren_control.workspaces import DEFAULT_RETENTION_S
 DEFAULT_EDGE_PORT = 8080
 DEFAULT_API_PORT = 8081
 # Libraries that log each request or connection at info (the edge's proxying through httpx,
-# the Kubernetes client's pool, kopf's liveness endpoint, alembic's plugin setup): their warnings only.
-QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "kubernetes", "aiohttp.access", "alembic.runtime.plugins")
+# the Kubernetes client's pool, alembic's plugin setup): their warnings only.
+QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "kubernetes", "alembic.runtime.plugins")
 
 
 # --- serve -------------------------------------------------------------------------------------
@@ -196,14 +196,13 @@ def _tls(args: argparse.Namespace) -> _Tls:
 
 def _configure_logs(level: str) -> None:
     """JSON lines on stderr for everything a role logs: its own loggers, uvicorn's (which
-    propagate to the root's handler: no log config of uvicorn's own) and kopf's."""
+    propagate to the root's handler: no log config of uvicorn's own)."""
     import logging
 
     from warren_common import logs
 
     logs.configure(level, quiet=QUIET_LOGGERS)
     logging.getLogger("uvicorn.access").addFilter(_access_fields)
-    logging.getLogger("kopf.objects").addFilter(_object_fields)
 
 
 def _access_fields(record: Any) -> bool:
@@ -211,14 +210,6 @@ def _access_fields(record: Any) -> bool:
     if isinstance(record.args, tuple) and len(record.args) == 5:  # noqa: PLR2004
         client, method, path, _version, status = record.args
         record.fields = {"client": client, "method": method, "path": path, "status": status}
-    return True
-
-
-def _object_fields(record: Any) -> bool:
-    """Which Sandbox a kopf handler's line is about (its own formatter prefixes the name)."""
-    ref = getattr(record, "k8s_ref", None)
-    if isinstance(ref, dict):
-        record.fields = {"namespace": ref.get("namespace"), "name": ref.get("name"), "kind": ref.get("kind")}
     return True
 
 

@@ -7,12 +7,12 @@ reference lets the garbage collector remove a pod whose Sandbox vanished while n
 controller ran. A finalizer keeps the Sandbox until its pod has stopped; its workspace
 outlives it in object storage for the control plane's retention period.
 
-Every trigger runs the same level-based pass: Sandbox create/update/resume, a periodic
-resync, and every event of a pod this controller made (so pod phase changes reach the
-Sandbox's status, and a pod deleted behind our back is made again).
+Every trigger runs the same level-based pass: every event of a Sandbox (a list at the
+start included), a periodic resync, and every event of a pod this controller made (so pod
+phase changes reach the Sandbox's status, and a pod deleted behind our back is made again).
 
-A pass reads from memory, not from the API server: Sandboxes as kopf's watch delivers them,
-pods from an informer of the controller's own (informer.Store), each in the order the server
+A pass reads from memory, not from the API server: Sandboxes and pods as the controller's
+own informers deliver them (informer.Store, fed by Watches), each in the order the server
 made the changes, so a pass never sees an older state than the one before it. It asks the
 server only where memory cannot answer: before the pod informer has listed, and before it
 deletes a pod whose Sandbox it does not hold (an orphan, or a Sandbox whose event is late).
@@ -23,25 +23,23 @@ yet; only this controller writes those fields.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import functools
 import hashlib
 import hmac
 import logging
-import re
 import secrets
+import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any, Literal, cast
 
-import kopf
+from warren_common import logs
 
 from warren_control import agentclient, ids, leader
 from warren_control.binder import Binder, BindError, BindOptions
@@ -51,15 +49,12 @@ from warren_control.podspec import (
     BIND_AT_CLAIM_ANNOTATION,
     CONTAINER,
     FINALIZER,
-    GROUP,
     MANAGED_BY,
     MANAGED_BY_LABEL,
-    PLURAL,
     POOL_LABEL,
     POOL_SKIPPED_ANNOTATION,
     SANDBOX_UID_LABEL,
     SPEC_HASH_ANNOTATION,
-    VERSION,
     WORKSPACE_LABEL,
     PodOptions,
     PullPolicy,
@@ -92,9 +87,6 @@ log = logging.getLogger(__name__)
 
 Phase = Literal["Pending", "Running", "Stopped", "Failed", "Terminating"]
 
-# kopf treats every annotation under its prefix as its own state: a prefix of its own
-# keeps annotations other parts of Warren put on a Sandbox meaningful to kopf's diffs.
-ANNOTATION_PREFIX = "controller.warren.dev"
 READY = "Ready"
 
 # The workspace hook: the pod volume source for a Sandbox (podspec.blockd_volume, the
@@ -347,7 +339,7 @@ class Reconciler:
         self.kube = kube
         self.options = options or ControllerOptions()
         self.binder = Binder(kube, self.options.bind) if self.options.bind else None
-        # Sandboxes as kopf's watch delivers them (sandbox_event); pods from PodEvents.
+        # Filled by the informers of Watches.
         self.sandboxes = Store()
         self.pods = Store(index=SANDBOX_UID_LABEL)
         self.pools = Store()
@@ -390,7 +382,7 @@ class Reconciler:
 
     @contextmanager
     def _serialized(self, namespace: str, name: str) -> Iterator[None]:
-        # kopf's handlers, the pod events and the resync timer reach the same Sandbox from
+        # The Sandbox's own events, its pod's events and the resync reach the same Sandbox from
         # different threads; one pass at a time keeps their status writes in order.
         with self._guard:
             lock = self._locks.setdefault(f"{namespace}/{name}", threading.Lock())
@@ -398,8 +390,8 @@ class Reconciler:
             yield
 
     def _sandbox(self, namespace: str, name: str) -> Obj | None:
-        # kopf runs the watching handler that fills the store before a Sandbox's own
-        # handlers, so a miss here is a Sandbox kopf has not delivered: ask the server.
+        # A Sandbox's event fills the store before its pass is queued, so a miss here is a
+        # Sandbox whose event has not come (a pass from its pod's event): ask the server.
         return self.sandboxes.get(namespace, name) or self.kube.read_sandbox(namespace, name)
 
     def _pods_of(self, namespace: str, uid: str) -> list[Obj]:
@@ -446,12 +438,13 @@ class Reconciler:
         return pods[0] if pods else None
 
     def sandbox_event(self, event_type: str, sandbox: Obj) -> None:
-        """A Sandbox as kopf's watch delivered it (event type "" for one of a list)."""
+        """A Sandbox as the watch delivered it."""
         self.sandboxes.apply(event_type, sandbox)
         if event_type == "DELETED":
             with self._guard:
                 self._written.pop(str(sandbox["metadata"]["uid"]), None)
                 self._starting.pop(str(sandbox["metadata"]["uid"]), None)
+                self._finalizing.pop(str(sandbox["metadata"]["uid"]), None)
 
     def reconcile(self, namespace: str, name: str) -> Observation | None:
         """Converge one Sandbox and write its status; None if it is gone or being
@@ -1095,18 +1088,55 @@ class Reconciler:
             self._written.pop(uid, None)
             self._unseen.pop(uid, None)
             self._starting.pop(uid, None)
+            self._finalizing.pop(uid, None)
         return True
 
-    @contextmanager
-    def finalizing(self, uid: str, wake: Callable[[], object]) -> Iterator[None]:
-        """While the Sandbox `uid` is finalized, its pod's events only wake the finalizer."""
+    def await_pod_gone(self, uid: str, wake: Callable[[], object]) -> None:
+        """While the Sandbox `uid` is finalized, its pod's events only call `wake` (at its
+        pod's DELETED event); until finalize() finds the pod gone or the Sandbox goes."""
         with self._guard:
             self._finalizing[uid] = wake
+
+    def ensure_finalizer(self, sandbox: Obj) -> bool:
+        """Whether the Sandbox carries this controller's finalizer, adding it if not: the
+        API creates Sandboxes with it, so the write is only for ones made otherwise
+        (kubectl). False when another change came first: its event brings the next pass."""
+        meta = sandbox["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        if FINALIZER in finalizers:
+            return True
+        # Only onto the version this pass read: a finalizer list changed meanwhile is
+        # never overwritten.
+        ops: list[Obj] = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")}
+        ]
+        if finalizers:
+            ops.append({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER})
+        else:
+            ops.append({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]})
+        return self._patch_finalizers(sandbox, ops)
+
+    def remove_finalizer(self, sandbox: Obj) -> bool:
+        """Let the Sandbox go (its pod is gone); False when its finalizers changed meanwhile."""
+        finalizers = list(sandbox["metadata"].get("finalizers") or [])
+        if FINALIZER not in finalizers:
+            return True
+        at = f"/metadata/finalizers/{finalizers.index(FINALIZER)}"
+        return self._patch_finalizers(
+            sandbox, [{"op": "test", "path": at, "value": FINALIZER}, {"op": "remove", "path": at}]
+        )
+
+    def _patch_finalizers(self, sandbox: Obj, ops: list[Obj]) -> bool:
+        meta = sandbox["metadata"]
         try:
-            yield
-        finally:
-            with self._guard:
-                self._finalizing.pop(uid, None)
+            self.kube.json_patch_sandbox(str(meta["namespace"]), str(meta["name"]), ops)
+        except ApiException as exc:
+            if exc.status == HTTPStatus.NOT_FOUND:
+                return True  # gone already: nothing left to hold
+            if exc.status in {HTTPStatus.CONFLICT, HTTPStatus.UNPROCESSABLE_ENTITY}:
+                return False  # a "test" failed: the Sandbox changed, and its event is coming
+            raise
+        return True
 
     def pod_deleted(self, pod: Mapping[str, Any]) -> bool:
         """Wake the finalizer waiting for this pod, if one is; whether one was."""
@@ -1178,7 +1208,7 @@ class Reconciler:
             sandbox = self.sandboxes.get(namespace, name)
             if sandbox is None or sandbox["metadata"]["uid"] != uid:
                 # Not in memory as this pod's owner: the Sandbox is gone, or its event is late
-                # (kopf's handlers then make its pass when it comes). A pod that is going
+                # (its own event then brings its pass). A pod that is going
                 # needs nothing either way; one that stays may be an orphan, which only the
                 # server can tell, and a pod is deleted on nothing less. (Under load, a gone
                 # pod's event often comes after its Sandbox's: no GET for each of those.)
@@ -1195,49 +1225,151 @@ class Reconciler:
                 self._pass(sandbox)
 
 
-class PodEvents:
-    """The pods this controller made and the SandboxPools, one informer each per namespace,
-    kept in the reconciler's stores; every change of a Sandbox's pod becomes a pass of that
-    Sandbox, every change of a pool or of one of its pods a pass of the pool, on pools of
-    threads, a burst of changes of one object a single pass."""
+@dataclass
+class _Finalizing:
+    """A Sandbox's finalizer waiting for its pod: since when, and the next fallback poll."""
+
+    since: float
+    poll: float
+
+
+class Watches:
+    """What the controller watches and the work each change becomes. The Sandboxes, the pods
+    it made and the SandboxPools, one informer each per namespace, are kept in the
+    reconciler's stores. A change of a Sandbox is a pass of it (a step of its finalizer once
+    it is being deleted); a change of a Sandbox's pod a pass of that Sandbox; a change of a
+    pool or of one of its pods a pass of the pool. Passes run on pools of threads, a burst of
+    changes of one object is a single pass, a pass that failed is tried again after
+    `retry_seconds`, and every Sandbox and pool gets a pass each `resync_seconds`."""
 
     def __init__(self, reconciler: Reconciler, namespaces: Sequence[str]) -> None:
         self.reconciler = reconciler
-        workers = reconciler.options.workers
+        options = reconciler.options
+        self.sandbox_queue: CoalescingQueue[tuple[str, str], tuple[str, str]] = CoalescingQueue(
+            options.workers, lambda key: self.sandbox_pass(*key), "sandbox"
+        )
         self.queue: CoalescingQueue[tuple[str, str], tuple[str, Obj]] = CoalescingQueue(
-            workers, lambda item: reconciler.pod_changed(*item), "pod-event"
+            options.workers, lambda item: reconciler.pod_changed(*item), "pod-event"
         )
         self.pool_queue: CoalescingQueue[tuple[str, str], tuple[str, str]] = CoalescingQueue(
-            max(1, workers // 4), lambda key: reconciler.reconcile_pool(*key), "pool"
+            max(1, options.workers // 4), lambda key: reconciler.reconcile_pool(*key), "pool"
         )
         reconciler.request_pool_pass = lambda namespace, name: self.pool_queue.put(
             (namespace, name), (namespace, name)
         )
-        self.later: Later[Obj] = Later(lambda pod: self._queue("", pod))
-        reconciler.request_pass_later = lambda pod, delay: self.later.put(delay, pod)
+        self.later: Later[Callable[[], object]] = Later(lambda then: then())
+        reconciler.request_pass_later = lambda pod, delay: self.later.put(
+            delay, functools.partial(self._queue, "", pod)
+        )
+        self._guard = threading.Lock()
+        self._finalizing: dict[str, _Finalizing] = {}  # Sandbox uid ->
         self.namespaces = list(namespaces)
         kube = reconciler.kube
-        retry = reconciler.options.retry_seconds
+        retry = options.retry_seconds
+
+        def informer(
+            path: str,
+            replace: Callable[[str, list[Obj]], None],
+            event: Callable[[str, Obj], None],
+            namespace: str,
+            query: dict[str, str] | None = None,
+        ) -> Informer:
+            return Informer(
+                kube,
+                path,
+                query=query,
+                on_replace=functools.partial(replace, namespace),
+                on_event=event,
+                retry_seconds=retry,
+            )
+
+        ours = {"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"}
         self.informers = [
-            Informer(
-                kube,
-                kube.pods_path(namespace),
-                query={"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"},
-                on_replace=functools.partial(self._replace, namespace),
-                on_event=self._event,
-                retry_seconds=retry,
-            )
-            for namespace in namespaces
-        ] + [
-            Informer(
-                kube,
-                kube.pools_path(namespace),
-                on_replace=functools.partial(self._replace_pools, namespace),
-                on_event=self._pool_event,
-                retry_seconds=retry,
-            )
-            for namespace in namespaces
+            *(
+                informer(kube.sandboxes_path(ns), self._replace_sandboxes, self._sandbox_event, ns)
+                for ns in namespaces
+            ),
+            *(informer(kube.pods_path(ns), self._replace, self._event, ns, ours) for ns in namespaces),
+            *(informer(kube.pools_path(ns), self._replace_pools, self._pool_event, ns) for ns in namespaces),
         ]
+
+    # --- Sandboxes
+
+    def _sandbox_event(self, event_type: str, sandbox: Obj) -> None:
+        self.reconciler.sandbox_event(event_type, sandbox)
+        meta = sandbox["metadata"]
+        if event_type == "DELETED":
+            with self._guard:
+                self._finalizing.pop(str(meta["uid"]), None)
+            return
+        self.queue_sandbox(str(meta["namespace"]), str(meta["name"]))
+
+    def _replace_sandboxes(self, namespace: str, sandboxes: list[Obj]) -> None:
+        # A (re)list: every Sandbox gets a pass, as after a start; gone ones leave memory.
+        for gone in self.reconciler.sandboxes.replace(namespace, sandboxes):
+            self._sandbox_event("DELETED", gone)
+        for sandbox in sandboxes:
+            self.queue_sandbox(namespace, str(sandbox["metadata"]["name"]))
+
+    def queue_sandbox(self, namespace: str, name: str) -> None:
+        self.sandbox_queue.put((namespace, name), (namespace, name))
+
+    def sandbox_pass(self, namespace: str, name: str) -> None:
+        """The Sandbox as memory holds it now, converged, or its finalizer's next step; a
+        failure is logged and tried again after `retry_seconds`."""
+        sandbox = self.reconciler.sandboxes.get(namespace, name)
+        if sandbox is None:
+            return
+        try:
+            if _terminating(sandbox):
+                self._finalize_step(sandbox)
+            elif self.reconciler.ensure_finalizer(sandbox):
+                self.reconciler.reconcile(namespace, name)
+        except Exception as exc:
+            retry = self.reconciler.options.retry_seconds
+            if isinstance(exc, ApiException):  # the API server away or busy: its word is enough
+                log.warning(
+                    "the pass of %s/%s failed, again in %g s: %s", namespace, name, retry, error_message(exc)
+                )
+            else:
+                log.exception("the pass of %s/%s failed, again in %g s", namespace, name, retry)
+            self.later.put(retry, functools.partial(self.queue_sandbox, namespace, name))
+
+    def _finalize_step(self, sandbox: Obj) -> None:
+        """Stop the pod of a Sandbox being deleted, then let the Sandbox go. Waiting for
+        the pod is the normal case (its grace period), not a failure: its DELETED event
+        brings the next step, and polls that back off are the fallback, so thousands of
+        Sandboxes deleted at once do not poll the API server in a loop. A pod still there
+        after `finalize_patience_seconds` is reported and deleted again."""
+        meta = sandbox["metadata"]
+        if FINALIZER not in (meta.get("finalizers") or []):
+            return  # not this controller's to hold (the garbage collector takes the pod)
+        namespace, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+        options = self.reconciler.options
+        now = time.monotonic()
+        with self._guard:
+            state = self._finalizing.get(uid)
+            report = state is None
+            if state is None:
+                state = self._finalizing[uid] = _Finalizing(now, options.finalize_poll_seconds)
+            elif now - state.since > options.finalize_patience_seconds:
+                log.warning(
+                    "the pod of %s/%s has not stopped %.0f s after its deletion: deleting it again",
+                    namespace,
+                    name,
+                    now - state.since,
+                )
+                state.since, report = now, True
+            delay, state.poll = state.poll, min(state.poll * 2, options.finalize_poll_max_seconds)
+        if report:
+            self.reconciler.await_pod_gone(uid, functools.partial(self.queue_sandbox, namespace, name))
+        if self.reconciler.finalize(namespace, name, uid, report=report):
+            if not self.reconciler.remove_finalizer(sandbox):
+                self.later.put(options.retry_seconds, functools.partial(self.queue_sandbox, namespace, name))
+            return
+        self.later.put(delay, functools.partial(self.queue_sandbox, namespace, name))
+
+    # --- pods and pools
 
     def _pool_event(self, event_type: str, pool: Obj) -> None:
         self.reconciler.pool_event(event_type, pool)
@@ -1270,11 +1402,13 @@ class PodEvents:
         meta = pod["metadata"]
         self.queue.put((str(meta["namespace"]), str(meta["name"])), (event_type, pod))
 
-    def _resync_pools(self, stop: threading.Event) -> None:
-        # A safety net, as the Sandboxes' resync is: a pool pass that failed (the API server
-        # away) is tried again even when none of its pods changes.
+    def _resync(self, stop: threading.Event) -> None:
+        # A safety net under the passes the watches bring: a pass that failed and a missed
+        # event are made good, a refused create is tried again.
         while not stop.wait(self.reconciler.options.resync_seconds):
             for namespace in self.namespaces:
+                for sandbox in self.reconciler.sandboxes.select(namespace, {}):
+                    self.queue_sandbox(namespace, str(sandbox["metadata"]["name"]))
                 for pool in self.reconciler.pools.select(namespace, {}):
                     self.reconciler.request_pool_pass(namespace, str(pool["metadata"]["name"]))
 
@@ -1282,7 +1416,7 @@ class PodEvents:
     def running(self) -> Iterator[None]:
         stop = threading.Event()
         threads = [informer.start(stop, "informer") for informer in self.informers]
-        for target, name in ((self._resync_pools, "pool-resync"), (self.later.run, "later")):
+        for target, name in ((self._resync, "resync"), (self.later.run, "later")):
             thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)
             thread.start()
             threads.append(thread)
@@ -1290,186 +1424,14 @@ class PodEvents:
             yield
         finally:
             stop.set()
-            self.queue.shutdown()
-            self.pool_queue.shutdown()
+            for queue in (self.sandbox_queue, self.queue, self.pool_queue):
+                queue.shutdown()
             for thread in threads:
                 thread.join(timeout=5)
 
 
-def connection_info(kube: Kube) -> kopf.ConnectionInfo:
-    """kopf's credentials from the same client configuration the handlers use, so the
-    operator and its handlers always talk to the same cluster as the same identity."""
-    configuration = kube.configuration
-    header = configuration.get_api_key_with_prefix("BearerToken") or configuration.get_api_key_with_prefix(
-        "authorization"
-    )
-    scheme: str | None = None
-    token = header or None
-    if header and " " in header:  # "Bearer <token>"; a bare token otherwise
-        scheme, token = header.split(" ", 1)
-    return kopf.ConnectionInfo(
-        server=configuration.host,
-        ca_path=configuration.ssl_ca_cert,
-        insecure=not configuration.verify_ssl,
-        scheme=scheme,
-        token=token,
-        certificate_path=configuration.cert_file,
-        private_key_path=configuration.key_file,
-    )
-
-
-class MemoryDiffBase(kopf.DiffBaseStorage):
-    """kopf's record of the last spec it handled, per Sandbox, kept in memory instead of an
-    annotation: every pass is level-based, so a restarted controller that has forgotten it
-    simply handles each Sandbox again, and each create is one API write cheaper. A deleting
-    Sandbox needs none (deletion is its only cause from then on), so its entry goes then; one
-    removed without its finalizer leaves its small entry until the next restart."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._essences: dict[str, kopf.BodyEssence] = {}
-
-    def build(
-        self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None
-    ) -> kopf.BodyEssence:
-        # Our progress annotations are kopf's state, not the Sandbox's (ProgressAnnotations
-        # writes no marker for kopf to find them by).
-        essence = super().build(body=body, extra_fields=extra_fields)
-        annotations = (essence.get("metadata") or {}).get("annotations") or {}
-        self.remove_annotations(essence, {k for k in annotations if k.startswith(f"{ANNOTATION_PREFIX}/")})
-        self.remove_empty_stanzas(essence)
-        return essence
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        return self._essences.get(str(body.metadata.uid))
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        uid = str(body.metadata.uid)
-        if body.metadata.get("deletionTimestamp"):
-            self._essences.pop(uid, None)
-        else:
-            self._essences[uid] = essence
-
-    def __len__(self) -> int:
-        return len(self._essences)
-
-
-class ProgressAnnotations(kopf.AnnotationsProgressStorage):
-    """Handler progress in annotations under our prefix, written only while a handler
-    retries, without the marker annotation kopf otherwise puts on every object it handles
-    once (one more write per create). The marker's one use is to keep the prefix out of diff
-    bases, which MemoryDiffBase does itself."""
-
-    def _store_marker(self, prefix: str, patch: kopf.Patch, body: kopf.Body) -> None:
-        return None
-
-
-def settings_for(options: ControllerOptions) -> kopf.OperatorSettings:
-    settings = kopf.OperatorSettings()
-    settings.peering.standalone = True  # one controller per deployment; no peering objects
-    settings.persistence.finalizer = FINALIZER
-    # Handler progress (written only while a handler retries) lives in annotations under our
-    # prefix: the CRD's structural schema would prune kopf's default status fields anyway.
-    settings.persistence.progress_storage = ProgressAnnotations(prefix=ANNOTATION_PREFIX, v1=False)
-    settings.persistence.diffbase_storage = MemoryDiffBase()
-    # The CRD is installed before the controller runs (`warren apply`); watching CRDs for
-    # new resources would need a cluster-wide permission the controller has no use for.
-    settings.scanning.disabled = True
-    settings.posting.level = logging.WARNING  # Kubernetes events only for what went wrong
-    settings.execution.max_workers = options.workers
-    return settings
-
-
-def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
-    registry = kopf.OperatorRegistry()
-    kube = reconciler.kube
-    retry = reconciler.options.retry_seconds
-
-    @kopf.on.login(id="login", registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return connection_info(kube)
-
-    @kopf.on.resume(GROUP, VERSION, PLURAL, id="ensure", registry=registry, backoff=retry)
-    @kopf.on.create(GROUP, VERSION, PLURAL, id="ensure", registry=registry, backoff=retry)
-    @kopf.on.update(GROUP, VERSION, PLURAL, id="ensure", registry=registry, backoff=retry)
-    def ensure(namespace: str | None, name: str, **_: Any) -> None:
-        reconciler.reconcile(str(namespace), name)
-
-    # The first resync one interval after a Sandbox appears: the create or resume handler
-    # has just made the same pass, and thousands of Sandboxes appearing at once (a start,
-    # a burst of creates) would otherwise double the load exactly when it peaks.
-    @kopf.timer(
-        GROUP,
-        VERSION,
-        PLURAL,
-        id="resync",
-        registry=registry,
-        interval=reconciler.options.resync_seconds,
-        initial_delay=reconciler.options.resync_seconds,
-        backoff=retry,
-    )
-    def resync(namespace: str | None, name: str, **_: Any) -> None:
-        reconciler.reconcile(str(namespace), name)
-
-    # Finalizers make their API calls on threads of their own: asyncio's default pool has
-    # only a few, and a mass delete must not starve the other handlers either.
-    finalize_pool = ThreadPoolExecutor(reconciler.options.workers, thread_name_prefix="finalize")
-
-    @kopf.on.delete(GROUP, VERSION, PLURAL, id="finalize", registry=registry, backoff=retry)
-    async def finalize(namespace: str | None, name: str, uid: str, **_: Any) -> None:
-        # Waiting for the pod is the normal case (its grace period), not a failure: wait
-        # here, without holding a thread, rather than raise kopf's retry error each time.
-        # The pod's DELETED event ends the wait; polls that back off are the fallback, so
-        # thousands of Sandboxes deleted at once do not poll the API server in a loop.
-        # Patience counts only the time spent waiting for the pod, not for a thread: in a
-        # mass delete the queue for threads is long, and counting it would call healthy
-        # pods stuck and retry their finalizers (half of them, at 5,000 at once).
-        options = reconciler.options
-        loop = asyncio.get_running_loop()
-        gone = asyncio.Event()
-        poll, waited, report = options.finalize_poll_seconds, 0.0, True
-        step = functools.partial(reconciler.finalize, str(namespace), name, uid)
-        with reconciler.finalizing(uid, lambda: loop.call_soon_threadsafe(gone.set)):
-            while not await loop.run_in_executor(finalize_pool, functools.partial(step, report=report)):
-                report = False
-                if waited > options.finalize_patience_seconds:
-                    raise kopf.TemporaryError(f"the pod of {namespace}/{name} has not stopped", delay=retry)
-                started = time.monotonic()
-                with suppress(TimeoutError):
-                    await asyncio.wait_for(gone.wait(), poll)
-                waited += time.monotonic() - started
-                gone.clear()
-                poll = min(poll * 2, options.finalize_poll_max_seconds)
-
-    # Every Sandbox event, into the store the passes read. kopf runs watching handlers before
-    # the object's create/update/delete handlers, so those always find what they act on.
-    @kopf.on.event(GROUP, VERSION, PLURAL, id="remember", registry=registry)
-    async def remember(event: kopf.RawEvent, **_: Any) -> None:
-        reconciler.sandbox_event(str(event.get("type") or ""), cast(Obj, event["object"]))
-
-    return registry
-
-
-class RoutineKopfLines(logging.Filter):
-    """Leaves out kopf's line for each handler that did its job ("Handler 'remember'
-    succeeded.", "Creation is processed: 1 succeeded; 0 failed."): a dozen per Sandbox,
-    64,000 lines for 5,000, which buried everything else. What failed, retried or took a
-    decision is still logged."""
-
-    ROUTINE = re.compile(
-        r"(Handler|Timer|Activity) '[^']*' succeeded\.|\w+ is processed: \d+ succeeded; 0 failed\."
-    )
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno > logging.INFO or not self.ROUTINE.fullmatch(record.getMessage())
-
-
 def run(
-    namespaces: Sequence[str],
-    kubeconfig: str | None,
-    *,
-    options: ControllerOptions | None = None,
-    liveness_endpoint: str | None = None,
+    namespaces: Sequence[str], kubeconfig: str | None, *, options: ControllerOptions | None = None
 ) -> None:
     """Run the controller for Sandboxes in `namespaces` until SIGINT/SIGTERM. A kubeconfig
     path, or None for the pod's service account."""
@@ -1477,17 +1439,15 @@ def run(
         raise ValueError("name at least one sandbox namespace to watch")
     options = options or ControllerOptions()
     reconciler = Reconciler(Kube.connect(kubeconfig), options)
-    kopf_objects = logging.getLogger("kopf.objects")
-    if not any(isinstance(f, RoutineKopfLines) for f in kopf_objects.filters):
-        kopf_objects.addFilter(RoutineKopfLines())
-    with PodEvents(reconciler, namespaces).running():
-        kopf.run(
-            registry=build_registry(reconciler),
-            settings=settings_for(options),
-            standalone=True,
-            namespaces=list(namespaces),
-            liveness_endpoint=liveness_endpoint,
-        )
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    log.info("watching Sandboxes in %s with %d workers", ", ".join(namespaces), options.workers)
+    with Watches(reconciler, namespaces).running():
+        while not stop.wait(3600):
+            pass
+    log.info("stopped")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -1512,15 +1472,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="give every sandbox its workspace through the blockd CSI driver (the node runs it)",
     )
-    parser.add_argument("--liveness", help="serve liveness here, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--log-format", choices=["json", "plain"], default="json")
     parser.add_argument("--verbose", action="store_true")
     leader.add_arguments(parser)
     args = parser.parse_args(argv)
-    kopf.configure(
-        verbose=args.verbose,
-        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
-    )
+    level = "debug" if args.verbose else "info"
+    if args.log_format == "json":
+        logs.configure(level, quiet=("urllib3", "kubernetes"))
+    else:
+        logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = ControllerOptions(
         pod=PodOptions(
             runtime_class=args.runtime_class,
@@ -1535,7 +1495,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         workspace=blockd_volume if args.workspaces else no_workspace,
     )
     leader.lead_if_asked(args)
-    run(args.namespace, args.kubeconfig, options=options, liveness_endpoint=args.liveness)
+    run(args.namespace, args.kubeconfig, options=options)
 
 
 if __name__ == "__main__":

@@ -232,6 +232,16 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    def json_patch_sandbox(self, namespace: str, name: str, ops: list[Obj]) -> Obj:
+        """A JSON patch (RFC 6902): its "test" operations make a change conditional on
+        what the object holds, which a merge patch cannot."""
+        return self.request(
+            "PATCH",
+            self.sandboxes_path(namespace, name),
+            body=ops,
+            content_type="application/json-patch+json",
+        )
+
     def delete_sandbox(self, namespace: str, name: str) -> bool:
         try:
             self.request("DELETE", self.sandboxes_path(namespace, name))

@@ -1,7 +1,7 @@
 """Words for a client: the cluster's names for a sandbox taken out of a message.
 
 Kept apart from the controller's modules so that the SDK's shapes (api/shapes.py) can use it
-without importing the controller or kopf.
+without importing the controller.
 """
 
 from __future__ import annotations
