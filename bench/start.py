@@ -21,7 +21,8 @@ measured in one run on one machine, each beside its baseline. Writes bench/resul
   rate's p50 and p99 in create_rates.
 - get_req_per_s through the edge; baseline_req_per_s from a bare handler served by the same
   uvicorn (httptools, uvloop) to the same clients.
-- reconcile_per_s and direct_pods_per_s: from the kwok run (--kwok-json).
+- reconcile_per_s and direct_pods_per_s: from the kwok run (--kwok-json): each the median of
+  its rounds (reconcile_per_s_rounds, direct_pods_per_s_rounds; bench/run-control.sh).
 - With --platform-url (the platform site.yml deployed, bench/warren-bench.yaml), where
   every sandbox has its workspace from warren-blockd: platform_pool_create_to_exec_ms_p50
   and _p99 (the base pool's pods, each with a new workspace the sandbox is bound to),

@@ -27,10 +27,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 from k8s_helpers import Controller, controller_kubeconfig, sandbox_body
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from warren_common import kubecluster
 from warren_common.kubecluster import KubeCluster, node_names
 from warren_common.testing import wait_for
@@ -275,18 +274,28 @@ class ReconcileResult:
 
 
 class PhaseWatch:
-    """Which Sandboxes of the namespace report `phase`, followed through one watch: waiting
-    for thousands costs a stream, not repeated lists of every object."""
+    """Which objects of a collection (the namespace's Sandboxes unless `path` says otherwise)
+    report `phase`, followed through one watch: waiting for thousands costs a stream, not
+    repeated lists of every object. The reconcile rate and its baseline (direct pods) both
+    wait through one, so neither pays for its waiting more than the other."""
 
-    def __init__(self, kube: Kube, phase: str = "Running", namespace: str = NAMESPACE) -> None:
-        self.custom = client.CustomObjectsApi(kube.api)
+    def __init__(
+        self,
+        kube: Kube,
+        path: str | None = None,
+        *,
+        query: dict[str, str] | None = None,
+        phase: str = "Running",
+    ) -> None:
+        self.kube = kube
+        self.path = path or sandboxes_path()
+        self.query = query or {}
         self.phase = phase
-        self.namespace = namespace
         self.reached: set[str] = set()
         self.changed = threading.Condition()
         self.stopping = threading.Event()
         self.error: BaseException | None = None  # the last one; the watch retries
-        self.thread = threading.Thread(target=self._run, name="sandbox-watch", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="phase-watch", daemon=True)
 
     def __enter__(self) -> PhaseWatch:
         self.thread.start()
@@ -302,37 +311,28 @@ class PhaseWatch:
             try:
                 if not version:
                     version = self._relist()
-                stream = watch.Watch()  # type: ignore[no-untyped-call]
-                for event in stream.stream(  # type: ignore[no-untyped-call]
-                    self.custom.list_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    self.namespace,
-                    PLURAL,
-                    resource_version=version,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=30,
-                ):
+                for event in self.kube.watch(self.path, version, query=self.query, timeout_s=30):
                     obj = event["object"]
+                    if event["type"] == "ERROR":  # 410: the version is too old; list again
+                        self.error = RuntimeError(obj.get("message"))
+                        version = ""
+                        break
                     version = obj["metadata"]["resourceVersion"]
                     if event["type"] != "BOOKMARK":
                         self._record(obj, deleted=event["type"] == "DELETED")
                     if self.stopping.is_set():
-                        stream.stop()  # type: ignore[no-untyped-call]
-            except ApiException as exc:  # 410: the version is too old; list again
-                self.error = exc
-                version = ""
+                        break
             except Exception as exc:  # a dropped stream: resume from the last version
                 self.error = exc
                 time.sleep(0.5)
 
     def _relist(self) -> str:
-        result = cast(Obj, self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL))
+        items, version = self.kube.list_with_version(self.path, self.query)
         with self.changed:
             self.reached.clear()
-            for obj in result.get("items") or []:
+            for obj in items:
                 self._record(obj, deleted=False)
-        return str(result["metadata"]["resourceVersion"])
+        return version
 
     def _record(self, obj: Obj, deleted: bool) -> None:
         name = obj["metadata"]["name"]
@@ -456,7 +456,7 @@ def measure_direct_pods(cluster: KwokCluster, count: int, threads: int = 32, tim
     """The baseline for the reconcile rate: `count` pods made directly (the controller's own
     pod for a Sandbox, without a Sandbox: no owner, and labelled so that no controller
     takes them), from `threads` threads, until kwok reports every one Running; pods per
-    second. They are deleted again afterwards."""
+    second. They are deleted again afterwards, and gone when it returns."""
     kube = connect(cluster.admin_kubeconfig, pool=threads)
     bodies = []
     for i in range(count):
@@ -467,16 +467,21 @@ def measure_direct_pods(cluster: KwokCluster, count: int, threads: int = 32, tim
         pod["metadata"]["labels"] = {DIRECT_LABEL: "true"}
         bodies.append(pod)
     selector = f"{DIRECT_LABEL}=true"
-
-    def running() -> bool:
-        cluster.check_alive()
-        pods = kube.list_pods(NAMESPACE, selector)
-        return sum((p.get("status") or {}).get("phase") == "Running" for p in pods) == count
-
-    start = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda body: kube.create_pod(NAMESPACE, body), bodies))
-    wait_for(running, timeout, f"{count} direct pods to be Running", interval=0.5)
-    seconds = time.monotonic() - start
+    with PhaseWatch(kube, kube.pods_path(NAMESPACE), query={"labelSelector": selector}) as running:
+        start = time.monotonic()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda body: kube.create_pod(NAMESPACE, body), bodies))
+        reached = running.wait(count, timeout, cluster.check_alive)
+        seconds = time.monotonic() - start
+    if reached < count:
+        raise AssertionError(f"only {reached} of {count} direct pods Running after {timeout:.0f} s")
     kube.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods", query={"labelSelector": selector})
+
+    def gone() -> bool:  # kwok removes them: a measurement after this one starts without them
+        cluster.check_alive()
+        return not kube.request(
+            "GET", kube.pods_path(NAMESPACE), query={"labelSelector": selector, "limit": "1"}
+        ).get("items")
+
+    wait_for(gone, timeout, f"the {count} direct pods to be deleted", interval=1)
     return round(count / seconds, 2)

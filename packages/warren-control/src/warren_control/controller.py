@@ -117,9 +117,11 @@ class ControllerOptions:
     # A new Sandbox's status is first written when its pod runs, or when it shows something
     # other than a normal start (unschedulable, an image that cannot be pulled), or after
     # this long, whichever comes first: a pod that starts in time costs one status write,
-    # not one per step of its start (seen under a burst of creates: the API server's work
-    # per create is what limits how many it takes a second).
-    quiet_start_seconds: float = 10.0
+    # not one per step of its start. A minute, because starts are slow exactly when the API
+    # server is busiest (a burst of creates, whose rate its work per create limits): at 10 s,
+    # 5,000 Sandboxes created at once on two cores cost 9,830 status writes, not 5,000. The
+    # API reads a starting sandbox's phase from its pod, so only the resource waits.
+    quiet_start_seconds: float = 60.0
     workspace: WorkspaceFn = no_workspace
     # Removes a workspace from object storage (the workspace store's release): a pool pod
     # that goes unclaimed takes its new, empty workspace with it. None: they stay there.
