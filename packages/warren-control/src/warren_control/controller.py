@@ -1342,7 +1342,7 @@ class Watches:
         the pod is the normal case (its grace period), not a failure: its DELETED event
         brings the next step, and polls that back off are the fallback, so thousands of
         Sandboxes deleted at once do not poll the API server in a loop. A pod still there
-        after `finalize_patience_seconds` is reported and deleted again."""
+        after `finalize_patience_seconds` is reported (and the Sandbox kept) each time."""
         meta = sandbox["metadata"]
         if FINALIZER not in (meta.get("finalizers") or []):
             return  # not this controller's to hold (the garbage collector takes the pod)
@@ -1356,7 +1356,7 @@ class Watches:
                 state = self._finalizing[uid] = _Finalizing(now, options.finalize_poll_seconds)
             elif now - state.since > options.finalize_patience_seconds:
                 log.warning(
-                    "the pod of %s/%s has not stopped %.0f s after its deletion: deleting it again",
+                    "the pod of %s/%s has not stopped %.0f s after its deletion; the Sandbox waits for it",
                     namespace,
                     name,
                     now - state.since,
