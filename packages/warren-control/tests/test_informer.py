@@ -5,6 +5,7 @@ is gone; a burst of work for one key runs once, with the latest item."""
 from __future__ import annotations
 
 import threading
+import time
 
 from warren_common.testing import wait_for
 from warren_control.informer import CoalescingQueue, Later, Store
@@ -63,6 +64,36 @@ def test_a_key_put_again_before_its_run_runs_once_with_the_latest_item() -> None
     wait_for(lambda: len(ran) == 2, 10, "both runs")
     queue.shutdown()
     assert ran == ["block", "v4"]
+
+
+def test_a_key_put_while_it_runs_runs_again_after_it_never_beside_it() -> None:
+    started, release = threading.Event(), threading.Event()
+    running, most, ran = [0], [0], []
+    guard = threading.Lock()
+
+    def work(item: str) -> None:
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        if item == "first":
+            started.set()
+            release.wait(10)
+        with guard:
+            running[0] -= 1
+            ran.append(item)
+
+    queue: CoalescingQueue[str, str] = CoalescingQueue(4, work, "test")  # threads to spare
+    queue.put("k", "first")
+    started.wait(10)
+    queue.put("k", "second")
+    queue.put("k", "third")  # folds into the second, which waits for the first
+    time.sleep(0.1)
+    assert ran == [] and most == [1]
+    release.set()
+    wait_for(lambda: len(ran) == 2, 10, "the run after")
+    queue.shutdown()
+    assert ran == ["first", "third"]
+    assert most == [1]
 
 
 def test_a_failing_run_does_not_stop_the_queue() -> None:

@@ -184,13 +184,15 @@ class Store:
 class CoalescingQueue(Generic[K, T]):
     """Work per key on a pool of threads. A key put again before its run starts runs once,
     with the latest item: a burst of events of one object is one pass, not a queue of stale
-    ones. A key put while its run is under way runs again after it."""
+    ones. A key put while its run is under way runs again after it, never beside it: a
+    second run would only wait for the first one's locks, holding a thread meanwhile."""
 
     def __init__(self, workers: int, work: Callable[[T], object], name: str) -> None:
         self._work = work
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix=name)
         self._lock = threading.Lock()
         self._pending: dict[K, T] = {}
+        self._running: set[K] = set()
         self._closed = False
 
     def put(self, key: K, item: T) -> None:
@@ -199,16 +201,22 @@ class CoalescingQueue(Generic[K, T]):
                 return
             queued = key in self._pending
             self._pending[key] = item
-            if not queued:  # under the lock, so a shutdown cannot come between
+            if not queued and key not in self._running:  # under the lock: no shutdown between
                 self._pool.submit(self._run, key)
 
     def _run(self, key: K) -> None:
         with self._lock:
             item = self._pending.pop(key)
+            self._running.add(key)
         try:
             self._work(item)
         except Exception:  # the API server away, say: the next event or the resync tries again
             log.exception("handling %s failed", key)
+        finally:
+            with self._lock:
+                self._running.discard(key)
+                if key in self._pending and not self._closed:  # put while it ran
+                    self._pool.submit(self._run, key)
 
     def shutdown(self) -> None:
         with self._lock:
