@@ -70,7 +70,10 @@ RECAP = re.compile(
     re.MULTILINE,
 )
 COMMAND_TIMEOUT = 900.0
-GONE_TIMEOUT = 120.0
+# A CRD goes only after the API server's own finalizer has removed its instances, which it
+# retries with a growing backoff when a first attempt fails: on two busy cores (the other
+# lanes' image builds) that once took over 120 s for a CRD that had no instances.
+GONE_TIMEOUT = 300.0
 ROLLOUT_TIMEOUT = 180.0
 
 # What the API server assigns to every object whoever writes it: identity, version, time,
@@ -362,6 +365,13 @@ def wait_all_gone(api: Api, objects: list[Obj], timeout: float = GONE_TIMEOUT) -
         time.sleep(0.5)
 
 
+def conditions(api: Api, objects: list[Obj], labels: list[str]) -> dict[str, Any]:
+    """What the objects still there say of themselves (a CRD's Terminating condition says
+    what its deletion waits for)."""
+    held = {label(obj): api.get(obj) for obj in objects if label(obj) in labels}
+    return {name: ((obj or {}).get("status") or {}).get("conditions") for name, obj in held.items()}
+
+
 def missing_fields(wanted: Any, live: Any, path: str = "") -> list[str]:
     """Paths of what `wanted` (a rendered object) has and `live` lacks or has otherwise. The
     server may add fields (defaults), so only what was rendered is looked for."""
@@ -491,7 +501,9 @@ def test_pulumi_and_ansible_create_identical_objects(
         api.delete(obj)
     left = wait_all_gone(api, rendered)
     timings.add("delete the Ansible-made objects", time.monotonic() - started)
-    assert not left, f"still there {GONE_TIMEOUT:.0f}s after deletion: {left}"
+    assert not left, (
+        f"still there {GONE_TIMEOUT:.0f}s after deletion: {left}; {conditions(api, rendered, left)}"
+    )
 
     # 3. The Pulumi path: the local stack, with the throw-away cluster's kubeconfig.
     pulumi = PulumiProject(workdir, pulumi_bin, cluster)
