@@ -25,7 +25,7 @@ trap cleanup EXIT
 # Reconcile rate first, alone on the machine: nodes and sandboxes as WARREN_BENCH_NODES and
 # WARREN_BENCH_SANDBOXES say (the scale test runs 1,000 and 5,000). Rounds of the reconcile
 # and its baseline, one after the other on the same control plane (WARREN_BENCH_ROUNDS, 3):
-# either rate alone moves by a fifth from run to run on two cores, so each figure is the
+# either rate alone moves by up to a third from run to run on two cores, so each figure is the
 # median of its rounds, and every round is kept beside it.
 (cd packages/warren-control/tests && "$control/python" - "${WARREN_BENCH_NODES:-1000}" \
   "${WARREN_BENCH_SANDBOXES:-5000}" "${WARREN_BENCH_ROUNDS:-3}" "$kwok_json" "$WARREN_HOME" <<'PY'
@@ -37,11 +37,11 @@ out, logs = Path(sys.argv[4]), Path(sys.argv[5])
 results, direct = [], []
 with KwokCluster(Path(os.environ["WARREN_BIN_DIR"])) as cluster:
     cluster.add_nodes(nodes)
-    for round in range(rounds):
-        (logs / f"round-{round}").mkdir()
-        results.append(measure_reconcile(cluster, sandboxes, log_dir=logs / f"round-{round}"))
+    for n in range(rounds):
+        (logs / f"round-{n}").mkdir()
+        results.append(measure_reconcile(cluster, sandboxes, log_dir=logs / f"round-{n}"))
         direct.append(measure_direct_pods(cluster, sandboxes))  # the same count, 32 threads as the creates
-        print(f"round {round + 1} of {rounds}:", results[-1].summary(), f"direct pods: {direct[-1]}/s", file=sys.stderr)
+        print(f"round {n + 1} of {rounds}:", results[-1].summary(), f"direct pods: {direct[-1]}/s", file=sys.stderr)
 median = sorted(range(rounds), key=lambda i: results[i].reconcile_per_s)[(rounds - 1) // 2]
 out.write_text(json.dumps({
     "reconcile_per_s": statistics.median(r.reconcile_per_s for r in results),

@@ -430,13 +430,22 @@ def delete_all(cluster: KwokCluster, threads: int = 32, timeout: float = 1800) -
     start = time.monotonic()
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda name: kube.delete_sandbox(NAMESPACE, name), names))
-
-    def gone() -> bool:
-        cluster.check_alive()
-        return not kube.request("GET", sandboxes_path(), query={"limit": "1"}).get("items")
-
-    wait_for(gone, timeout, f"all {len(names)} Sandboxes to be deleted", interval=1)
+    wait_until_none(
+        cluster, kube, sandboxes_path(), {}, timeout=timeout, what=f"all {len(names)} Sandboxes to be deleted"
+    )
     return round(time.monotonic() - start, 2)
+
+
+def wait_until_none(
+    cluster: KwokCluster, kube: Kube, path: str, query: dict[str, str], *, timeout: float, what: str
+) -> None:
+    """Wait until the collection (filtered by `query`) holds nothing, a page of one at a time."""
+
+    def none() -> bool:
+        cluster.check_alive()
+        return not kube.request("GET", path, query={**query, "limit": "1"}).get("items")
+
+    wait_for(none, timeout, what, interval=1)
 
 
 def measure_reconcile(
@@ -476,12 +485,14 @@ def measure_direct_pods(cluster: KwokCluster, count: int, threads: int = 32, tim
     if reached < count:
         raise AssertionError(f"only {reached} of {count} direct pods Running after {timeout:.0f} s")
     kube.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods", query={"labelSelector": selector})
-
-    def gone() -> bool:  # kwok removes them: a measurement after this one starts without them
-        cluster.check_alive()
-        return not kube.request(
-            "GET", kube.pods_path(NAMESPACE), query={"labelSelector": selector, "limit": "1"}
-        ).get("items")
-
-    wait_for(gone, timeout, f"the {count} direct pods to be deleted", interval=1)
+    # kwok removes them: a measurement after this one starts without them.
+    query = {"labelSelector": selector}
+    wait_until_none(
+        cluster,
+        kube,
+        kube.pods_path(NAMESPACE),
+        query,
+        timeout=timeout,
+        what=f"the {count} direct pods to be deleted",
+    )
     return round(count / seconds, 2)
