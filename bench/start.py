@@ -65,7 +65,6 @@ POOL = "base"
 FORK_POOL = "base-forks"  # services.pools.base.forks
 POOL_SIZE = 4
 FORK_CHILDREN = 8
-FORK_POLL_S = 0.1
 START_TIMEOUT_S = 180
 # The sustained create rate: rates tried in turn, each for CREATE_WINDOW_S.
 CREATE_RATES = (5.0, 10.0, 20.0, 40.0)
@@ -105,16 +104,13 @@ def create_to_exec_ms(
     return elapsed, box.id, started
 
 
-def answer(client: Client, sandbox_id: str, start: float, poll_s: float = 0.01) -> None:
-    """Wait until the sandbox runs (asking every `poll_s`), then until `echo ready` answers
-    through the API."""
-    while True:
-        seen = client.get(sandbox_id)
-        if seen.phase == "Running":
-            break
-        if seen.phase == "Failed" or time.monotonic() - start > START_TIMEOUT_S:
-            raise RuntimeError(f"sandbox {sandbox_id} did not come up: {seen.phase} {seen.reason}")
-        time.sleep(poll_s)
+def answer(client: Client, sandbox_id: str, start: float) -> None:
+    """Wait until the sandbox runs, as the SDK waits (long polls: the API answers as soon as
+    the sandbox's state changes), then until `echo ready` answers through the API."""
+    try:
+        client.wait_until(sandbox_id, "Running", timeout=START_TIMEOUT_S - (time.monotonic() - start))
+    except WarrenError as exc:
+        raise RuntimeError(f"sandbox {sandbox_id} did not come up: {exc}") from exc
     result = client.run(sandbox_id, ["echo", "ready"])
     if result.stdout.strip() != b"ready":
         raise RuntimeError(f"the command's output was {result.stdout!r}, {result.stderr!r}")
@@ -344,10 +340,8 @@ def fork_to_exec_ms(client: Client, parent: str, count: int) -> tuple[float, int
     children = [r.sandbox.id for r in results if r.sandbox is not None]
     if len(children) != count:
         raise RuntimeError(f"the fork made {len(children)} of {count}: {[r.error for r in results]}")
-    # Each child asked every FORK_POLL_S: eight clients at a create's 10 ms would put about
-    # 800 GETs a second (each a read of the cluster) on the two cores the children start on.
     with ThreadPoolExecutor(count) as pool:
-        list(pool.map(lambda child: answer(client, child, start, FORK_POLL_S), children))
+        list(pool.map(lambda child: answer(client, child, start), children))
     elapsed = (time.monotonic() - start) * 1000
     claimed = sum(
         1

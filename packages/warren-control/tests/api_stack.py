@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,8 +87,12 @@ class StandIn:
     # Pods, by (namespace, name): only what a test puts here (the stand-in runs no controller).
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Every change gets the next resourceVersion and wakes the watches, as the API server's do.
+    version: int = 0
+    changed: threading.Condition = field(init=False)
 
     def __post_init__(self) -> None:
+        self.changed = threading.Condition(self.lock)
         crd = yaml.safe_load(CRD.read_text())
         schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         self.validator = jsonschema_rs.validator_for(schema)
@@ -105,11 +110,36 @@ class StandIn:
         """What the controller would write: the Sandbox's status subresource."""
         with self.lock:
             self.objects[(namespace, name)]["status"] = status
+            self._changed(self.objects[(namespace, name)])
 
     def finish_deletes(self) -> None:
         with self.lock:
             for key in [k for k, o in self.objects.items() if o["metadata"].get("deletionTimestamp")]:
-                del self.objects[key]
+                self._changed(self.objects.pop(key))
+
+    def _changed(self, obj: dict[str, Any]) -> None:
+        """Called with the lock held, for an object just written (or just removed)."""
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        self.changed.notify_all()
+
+    def watch(self, namespace: str, query: dict[str, list[str]]) -> list[dict[str, Any]]:
+        """A watch of one Sandbox (fieldSelector metadata.name=...): its next change after
+        the resourceVersion asked from, or nothing once timeoutSeconds passed. The server
+        may end a watch at any time; this one ends after one event."""
+        name = query["fieldSelector"][0].removeprefix("metadata.name=")
+        since = int(query["resourceVersion"][0] or 0)
+        deadline = time.monotonic() + float(query.get("timeoutSeconds", ["30"])[0])
+        with self.lock:
+            while (left := deadline - time.monotonic()) > 0:
+                found = self.objects.get((namespace, name))
+                version = int((found or {}).get("metadata", {}).get("resourceVersion") or 0)
+                if found is None and self.version > since:
+                    return [{"type": "DELETED", "object": {"metadata": {"name": name}}}]
+                if found is not None and version > since:
+                    return [{"type": "MODIFIED", "object": json.loads(json.dumps(found))}]
+                self.changed.wait(left)
+        return []
 
     def creates(self) -> int:
         return sum(1 for method, path in self.requests if method == "POST")
@@ -149,12 +179,14 @@ class StandIn:
                 if patched.get("spec") != found.get("spec"):
                     patched["metadata"]["generation"] += 1
                 self.objects[key] = patched
+                self._changed(patched)
                 return 200, patched
             if method == "DELETE":
                 if self.hold_deletes:
                     found["metadata"]["deletionTimestamp"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                    self._changed(found)
                     return 200, found
-                del self.objects[key]
+                self._changed(self.objects.pop(key))
                 return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
             return 405, _status(405, "MethodNotAllowed", method)
 
@@ -177,6 +209,7 @@ class StandIn:
             creationTimestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
         self.objects[(namespace, name)] = obj
+        self._changed(obj)
         return 201, obj
 
     def _list(self, namespace: str, query: dict[str, list[str]]) -> list[dict[str, Any]]:
@@ -207,7 +240,17 @@ def standin_handler(standin: StandIn) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             body = json.loads(raw) if raw else None
-            code, answer = standin.handle(self.command, parts.path, parse_qs(parts.query), body)
+            query = parse_qs(parts.query)
+            watched = _SANDBOXES.match(parts.path)
+            if self.command == "GET" and "watch" in query and watched:
+                # Events as lines, then the end of the stream (HTTP/1.0: the connection closes).
+                events = standin.watch(watched[1], query)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b"".join(json.dumps(e).encode() + b"\n" for e in events))
+                return
+            code, answer = standin.handle(self.command, parts.path, query, body)
             data = json.dumps(answer).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")

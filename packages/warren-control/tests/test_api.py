@@ -751,6 +751,32 @@ def test_ids_and_answers_reveal_no_cluster_names(stack: Stack) -> None:
 # --- the SDK's waiting -------------------------------------------------------------------------
 
 
+def test_a_long_poll_answers_once_the_sandbox_runs(stack: Stack) -> None:
+    org = stack.org()
+    box = org.client.create(IMAGE)
+    name = stack.object_name(box.id)
+    # Nothing changes: the answer leaves after the wait, with the sandbox as it is.
+    assert org.client.get(box.id, wait_s=0.3).phase == "Pending"
+    requests = len(stack.standin.requests)
+    written = threading.Timer(
+        0.5, stack.standin.set_status, (name, {"phase": "Running", "observedGeneration": 1})
+    )
+    written.start()
+    started = time.monotonic()
+    # One GET, answered once the controller wrote Running (through one watch), not at the
+    # end of its minute.
+    assert org.client.get(box.id, wait_s=60).phase == "Running"
+    assert time.monotonic() - started < 30
+    written.join()
+    asked = [path for _, path in stack.standin.requests[requests:]]
+    assert (
+        sum(1 for path in asked if path.endswith(name)) <= 2
+    )  # the read before the watch (and read-through's)
+    # A sandbox that is not starting answers at once, whatever the wait.
+    stack.standin.set_status(name, {"phase": "Failed", "observedGeneration": 1})
+    assert org.client.get(box.id, wait_s=60).phase == "Failed"
+
+
 def test_wait_until_reports_progress_and_returns_on_the_phase(stack: Stack) -> None:
     org = stack.org()
     box = org.client.create(IMAGE)

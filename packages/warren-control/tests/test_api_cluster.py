@@ -176,7 +176,12 @@ def test_fork_runs_each_child(cluster_stack: Stack, kube: Kube, namespace: str, 
     assert [r.ok for r in results] == [True, True]
     children = [r.sandbox for r in results if r.sandbox is not None]
     for child in children:
-        org.client.wait_until(child.id, "Running", timeout=START_TIMEOUT)
+        # Long polls: each GET answers once the child's state changes (the status mirror
+        # having written it), so a few reach Running where polling would take hundreds.
+        asked, seen = 0, None
+        while seen is None or seen.phase == "Pending":
+            seen, asked = org.client.get(child.id, wait_s=60), asked + 1
+        assert (seen.phase, asked <= 5) == ("Running", True), (seen.phase, seen.reason, asked)
         assert org.client.run(child.id, ["echo", "child"]).stdout == b"child\n"
     for sandbox_id in [parent.id, *(c.id for c in children)]:
         org.client.delete(sandbox_id)

@@ -26,6 +26,26 @@ from warren_control.scrub import scrub
 MISSING_GRACE = timedelta(seconds=60)
 # The node labels a location hint may repeat: topology, never identity.
 LOCATION_LABELS = {"zone": "topology.kubernetes.io/zone", "region": "topology.kubernetes.io/region"}
+# The cluster's reasons a pod will never start by waiting (its image cannot be had).
+CANNOT_START = frozenset({"ErrImageNeverPull", "InvalidImageName"})
+
+
+def start_report(obj: Obj) -> tuple[str, str, bool]:
+    """(phase, Ready reason, whether that is the status of the resource's current
+    generation: a stop or resume the controller has not seen yet is not) the Sandbox
+    resource's status reports."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    current = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    return str(status.get("phase") or ""), str(ready.get("reason") or ""), current
+
+
+def start_ended(obj: Obj) -> bool:
+    """Whether the Sandbox's start has ended: it runs (as its current generation), it
+    failed, or it cannot start."""
+    phase, reason, current = start_report(obj)
+    running = phase == SandboxPhase.RUNNING.value and current
+    return running or phase == SandboxPhase.FAILED.value or reason in CANNOT_START
 
 
 def location_of(node: Mapping[str, Any] | None) -> dict[str, str] | None:

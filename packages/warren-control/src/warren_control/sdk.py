@@ -61,6 +61,7 @@ class CannotStart(WarrenError):  # noqa: N818 (a WarrenError like the others)
 
 # Waiting reasons no amount of waiting fixes (the node never pulls; the name cannot parse).
 HOPELESS_REASONS = frozenset({"ErrImageNeverPull", "InvalidImageName"})
+LONG_POLL_S = 10.0  # how long one GET of wait_until may wait for news
 
 
 def _time(value: Any) -> datetime | None:
@@ -305,8 +306,11 @@ class Client:
                 time.sleep(0.5 * 2**attempt)
         raise AssertionError("not reached")
 
-    def get(self, sandbox_id: str) -> Sandbox:
-        return self._sandbox("GET", f"/v1/sandboxes/{sandbox_id}")
+    def get(self, sandbox_id: str, *, wait_s: float = 0) -> Sandbox:
+        """The sandbox as it is; with `wait_s`, a long poll: once a starting sandbox runs,
+        cannot start or reports another state, at most `wait_s` seconds later."""
+        params = {"wait_s": wait_s} if wait_s > 0 else None
+        return self._sandbox("GET", f"/v1/sandboxes/{sandbox_id}", params=params)
 
     def list_page(self, *, limit: int = 50, cursor: str | None = None) -> Page:
         params: dict[str, Any] = {"limit": limit}
@@ -451,9 +455,11 @@ class Client:
         interval: float = 1.0,
         unschedulable_for: float | None = 60.0,
     ) -> Sandbox:
-        """Poll until the sandbox is in `phase`; `progress` sees every state it passes
-        through (once per change). Raises WarrenError `failed` if it fails instead, and
-        WaitTimeout after `timeout` seconds. Waiting for "Running" ends with CannotStart,
+        """Wait until the sandbox is in `phase`, asking in long polls (the server answers
+        as soon as a starting sandbox's state changes), at least `interval` apart when
+        nothing changed; `progress` sees every state it passes through (once per change).
+        Raises WarrenError `failed` if it fails instead, and WaitTimeout after `timeout`
+        seconds. Waiting for "Running" ends with CannotStart,
         naming the cluster's reason, as soon as the pod's image cannot be had, or once no
         node had room for it for `unschedulable_for` seconds (None: wait for room until
         the timeout). Waiting for "Deleted" ends when the sandbox is gone."""
@@ -461,8 +467,9 @@ class Client:
         last: tuple[str, str] | None = None
         unschedulable_since: float | None = None
         while True:
+            asked, before = time.monotonic(), last
             try:
-                sandbox = self.get(sandbox_id)
+                sandbox = self.get(sandbox_id, wait_s=min(LONG_POLL_S, max(0.0, deadline - asked)))
             except WarrenError as exc:
                 if phase == "Deleted" and exc.code == "not_found":
                     return Sandbox.gone(sandbox_id)
@@ -494,4 +501,5 @@ class Client:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WaitTimeout(f"{sandbox_id} is {sandbox.phase} after {timeout:.0f} s, not {phase}")
-            time.sleep(min(interval, remaining))
+            if seen == before:
+                time.sleep(max(0.0, min(interval - (time.monotonic() - asked), remaining)))

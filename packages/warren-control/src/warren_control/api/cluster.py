@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +73,38 @@ class Cluster:
     def read(self, name: str) -> Obj | None:
         result: Obj | None = self._call("read", lambda: self.kube.read_sandbox(self.namespace, name))
         return result
+
+    def watch_until(
+        self, name: str, start: Obj, done: Callable[[Obj | None], bool], timeout_s: float
+    ) -> Obj | None:
+        """The Sandbox `name` as the cluster changes it after `start` (a version read of it),
+        followed through one watch until `done` holds for a version (None: it is gone) or
+        `timeout_s` has passed; the last version seen."""
+        deadline = time.monotonic() + timeout_s
+        current: Obj | None = start
+        version = str(start["metadata"]["resourceVersion"])
+        query = {"fieldSelector": f"metadata.name={name}"}
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                for event in self.kube.watch(self._path(), version, query=query, timeout_s=math.ceil(left)):
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":  # the version is too old: read it again
+                        current = self.read(name)
+                        if current is None or done(current):
+                            return current
+                        version = str(current["metadata"]["resourceVersion"])
+                        break
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if event.get("type") == "BOOKMARK":
+                        continue
+                    current = None if event.get("type") == "DELETED" else obj
+                    if done(current):
+                        return current
+        except ApiException as exc:
+            raise ClusterError(f"watch: {error_message(exc)}", exc.status) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ClusterError(f"watch: {exc}") from exc
+        return current
 
     def list_org(self, org_hash: str) -> list[Obj]:
         query = {"labelSelector": f"{ORG_LABEL}={org_hash}"}

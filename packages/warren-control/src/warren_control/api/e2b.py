@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl, unquote
 
@@ -46,6 +47,7 @@ from warren_control.api.service import ApiService
 from warren_control.api.shapes import CreateSandboxRequest, WorkspaceRequest
 from warren_control.identity import Identity
 from warren_control.models import Sandbox, SandboxPhase, Snapshot, utcnow
+from warren_control.observation import start_ended, start_report
 from warren_control.podspec import sandbox_pod_name
 from warren_control.scrub import scrub
 from warren_control.templates import Template
@@ -56,8 +58,6 @@ log = logging.getLogger(__name__)
 ENVD_VERSION = "0.6.4"
 CLIENT_ID = "warren"
 DEFAULT_TIMEOUT_S = 300  # E2B's default sandbox timeout
-# The cluster's reasons a pod will never start by waiting (its image cannot be had).
-CANNOT_START = frozenset({"ErrImageNeverPull", "InvalidImageName"})
 MAX_LIST = 100
 _E2B_ID = re.compile(r"[a-z2-7]{26}")
 _WARREN_PREFIX = "sbx_"
@@ -335,28 +335,31 @@ def running(api: ApiService, who: Identity, sandbox_id: str) -> dict[str, Any]:
     the hook that starts the agent), waiting at most the deployment's start wait. What
     counts is the Sandbox resource's own status, written by the controller for the
     resource's current generation: not a record that may not have caught up with a
-    resume yet. A sandbox that cannot start says why at once; one still starting after
+    resume yet; it is followed through a watch, so the answer leaves as soon as the status
+    is written. A sandbox that cannot start says why at once; one still starting after
     the wait is a 504 naming what it waits for, and keeps starting."""
     deadline = time.monotonic() + api.settings.start_wait_s
     while True:
         answer = record(api, who, sandbox_id)
         if api.settings.start_wait_s <= 0:
             return answer
-        obj = api.cluster.read(api.object_name(who, answer["id"])) or {}
-        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-        current = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
-        if status.get("phase") == SandboxPhase.RUNNING.value and current:
+        name = api.object_name(who, answer["id"])
+        obj = api.cluster.read(name) or {}
+        report = phase, reason, current = start_report(obj)
+        if phase == SandboxPhase.RUNNING.value and current:
             return record(api, who, sandbox_id)
+        meta = obj.get("metadata") or {}
         ready: dict[str, Any] = next(
-            (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
+            (c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {}
         )
-        reason = ready.get("reason") or status.get("phase") or "Pending"
         uid = str(meta.get("uid") or "-")
         names = (str(meta.get("name") or "-"), api.settings.namespace, sandbox_pod_name(obj), uid)
-        why = scrub(f"{reason}: {ready.get('message') or 'starting'}", *names)
-        if status.get("phase") == SandboxPhase.FAILED.value or ready.get("reason") in CANNOT_START:
+        shown = reason or (phase if current else "") or "Pending"
+        why = scrub(f"{shown}: {ready.get('message') or 'starting'}", *names)
+        if start_ended(obj):
             raise ApiError(500, "cannot_start", f"sandbox {e2b_id(answer['id'])} cannot start: {why}")
-        if time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             raise ApiError(
                 504,
                 "timeout",
@@ -365,7 +368,14 @@ def running(api: ApiService, who: Identity, sandbox_id: str) -> dict[str, Any]:
                 # The sandbox exists: a retry would make a second one.
                 headers={"Should-Retry": "false"},
             )
-        time.sleep(0.2)
+        if meta.get("resourceVersion"):
+            api.cluster.watch_until(name, obj, partial(_changed, report), left)
+        else:
+            time.sleep(min(0.2, left))  # not in the cluster yet
+
+
+def _changed(first: tuple[str, str, bool], obj: dict[str, Any] | None) -> bool:
+    return obj is None or start_report(obj) != first
 
 
 def from_snapshot(api: ApiService, who: Identity, name: str) -> Snapshot | None:

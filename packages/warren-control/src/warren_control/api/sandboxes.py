@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Body, Depends, Query
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from warren_control import store
 from warren_control.api.errors import ApiError, not_found, unsupported
 from warren_control.api.params import Api, IdempotencyKey, Who, stamped_identity
+from warren_control.api.service import MAX_WAIT_S, ApiService
 from warren_control.api.shapes import (
     CreateSandboxRequest,
     ForkOut,
@@ -19,6 +22,7 @@ from warren_control.api.shapes import (
     StopRequest,
     error_responses,
 )
+from warren_control.identity import Identity
 from warren_control.models import (
     SandboxPhase,
 )
@@ -69,7 +73,27 @@ def list_sandboxes(
     responses=error_responses(401, 404),
     summary="One sandbox, as the cluster shows it",
 )
-def get_sandbox(sandbox_id: str, who: Who, api: Api) -> Response:
+async def get_sandbox(
+    sandbox_id: str,
+    who: Who,
+    api: Api,
+    wait_s: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_WAIT_S,
+            description="A long poll: answer once a starting sandbox runs, cannot start or reports "
+            "another state, at most this many seconds later (0: at once).",
+        ),
+    ] = 0,
+) -> Response:
+    # Past the long polls a process holds at once, the answer leaves at once: the client asks again.
+    if wait_s > 0 and api.wait_threads.available_tokens >= 1:
+        await anyio.to_thread.run_sync(api.await_news, who, sandbox_id, wait_s, limiter=api.wait_threads)
+    return await run_in_threadpool(_one, sandbox_id, who, api)
+
+
+def _one(sandbox_id: str, who: Identity, api: ApiService) -> Response:
     with api.sessions.begin() as session:
         record = api.find(session, who, sandbox_id)
         api.observe(session, record)

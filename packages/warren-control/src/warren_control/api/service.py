@@ -31,7 +31,7 @@ from warren_control.models import (
     User,
     utcnow,
 )
-from warren_control.observation import converge
+from warren_control.observation import converge, start_ended, start_report
 from warren_control.podspec import has_agent, sandbox_pod_name
 from warren_control.scrub import scrub
 from warren_control.templates import Template
@@ -47,6 +47,9 @@ DEFAULT_NAMESPACE = "warren-sandboxes"
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 FORK_POOL_SUFFIX = "-forks"
 MAX_PARALLEL_CREATES = 8  # a fork's Sandbox resources created at once
+MAX_WAIT_S = 60.0  # the longest long poll (GET with wait_s)
+WAIT_THREADS = 32  # long polls under way at once, each a thread and a watch
+MIRROR_LAG_S = 1.0  # how long a long poll waits for the status mirror to write what it saw
 SANDBOX_ID = re.compile(r"sbx_[a-z2-7]{26}")
 
 
@@ -121,6 +124,9 @@ class ApiService:
         # Exec streams poll their websockets from worker threads of their own, so a
         # hundred long-running commands cannot starve the ordinary requests' thread pool.
         self.exec_threads = anyio.CapacityLimiter(256)
+        # Long polls (GET with wait_s) each hold a thread and a watch of the cluster; past
+        # this many at once, a GET answers at once instead (the client asks again).
+        self.wait_threads = anyio.CapacityLimiter(WAIT_THREADS)
         self.agent_http = agentclient.client()
 
     # ---- records
@@ -141,6 +147,41 @@ class ApiService:
         if record is None:
             raise not_found(sandbox_id)
         return record
+
+    def await_news(self, who: Identity, sandbox_id: str, wait_s: float) -> None:
+        """A long poll: return once a starting sandbox runs, cannot start, or reports another
+        state than when asked, at most `wait_s` later. The Sandbox resource is followed
+        through one watch, not read again and again; where a status mirror writes the
+        records, then until its record shows the same (a moment's lag, bounded)."""
+        with self.sessions() as session:
+            record = self.find(session, who, sandbox_id)
+            if record.phase is not SandboxPhase.PENDING:
+                return
+            name = record.object_name
+        try:
+            start = self.cluster.read(name)
+            if start is None or start_ended(start):
+                return
+            first = start_report(start)
+            last = self.cluster.watch_until(
+                name, start, lambda obj: obj is None or start_ended(obj) or start_report(obj) != first, wait_s
+            )
+        except ClusterError as exc:
+            log.warning("cannot follow sandbox %s, answering from the records: %s", sandbox_id, exc)
+            return
+        phase, reason, _ = start_report(last) if last is not None else ("", "", False)
+        if self.settings.read_through or not phase:
+            return  # the answer reads the cluster itself (read-through), or has nothing to wait for
+        deadline = time.monotonic() + MIRROR_LAG_S
+        while time.monotonic() < deadline:
+            with self.sessions() as session:
+                record = self.find(session, who, sandbox_id)
+                ready = next((c for c in record.conditions if c.get("type") == "Ready"), {})
+            if phase != SandboxPhase.PENDING.value and record.phase.value == phase:
+                return
+            if phase == SandboxPhase.PENDING.value and ready.get("reason") == reason:
+                return
+            time.sleep(0.02)
 
     def public(self, record: Sandbox) -> dict[str, Any]:
         """What the API answers for a sandbox: its one public shape, checked on the way out."""
