@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, and_, delete, func, or_, select, update
+from sqlalchemy import CursorResult, and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -185,12 +185,21 @@ def issue_api_key(
     return IssuedKey(token=made.token, key_id=made.key_id)
 
 
+# The edge's and the API's reads on every request, built once: building a statement costs
+# more than running one (a tenth of a GET's time through the edge).
+_KEY_BY_ID = (
+    select(ApiKey, User.subject)
+    .join(User, and_(User.org_id == ApiKey.org_id, User.id == ApiKey.user_id))
+    .where(ApiKey.key_id == bindparam("key_id"))
+)
+_SANDBOX_OF_ORG = select(Sandbox).where(
+    Sandbox.org_id == bindparam("org_id"), Sandbox.id == bindparam("sandbox_id")
+)
+_LIVE_SANDBOX_OF_ORG = _SANDBOX_OF_ORG.where(Sandbox.deleted_at.is_(None))
+
+
 def lookup_key(session: Session, key_id: str) -> KeyRecord | None:
-    row = session.execute(
-        select(ApiKey, User.subject)
-        .join(User, and_(User.org_id == ApiKey.org_id, User.id == ApiKey.user_id))
-        .where(ApiKey.key_id == key_id)
-    ).one_or_none()
+    row = session.execute(_KEY_BY_ID, {"key_id": key_id}).one_or_none()
     if row is None:
         return None
     key, subject = row
@@ -361,10 +370,8 @@ def get_sandbox(
     session: Session, org_id: str, sandbox_id: str, *, include_deleted: bool = False
 ) -> Sandbox | None:
     """One of this organization's sandboxes; another organization's id is simply not found."""
-    query = select(Sandbox).where(Sandbox.org_id == org_id, Sandbox.id == sandbox_id)
-    if not include_deleted:
-        query = query.where(Sandbox.deleted_at.is_(None))
-    return session.scalars(query).one_or_none()
+    query = _SANDBOX_OF_ORG if include_deleted else _LIVE_SANDBOX_OF_ORG
+    return session.scalars(query, {"org_id": org_id, "sandbox_id": sandbox_id}).one_or_none()
 
 
 def get_sandbox_by_object_name(session: Session, object_name: str) -> Sandbox | None:
