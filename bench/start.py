@@ -29,8 +29,11 @@ measured in one run on one machine, each beside its baseline. Writes bench/resul
   platform_cold_create_to_exec_ms_p50 (a size no pool holds), and fork8_to_exec_ms_p50: a
   running sandbox forked into eight children, until each has answered a command (with the
   fork pool base-forks full before each fork: fork8_children_claimed says how many children
-  of all the samples claimed one of its pods). Every sample on the platform starts once no
-  pod of the sample before is still going away. Its figures are added to --partial's.
+  of all the samples claimed one of its pods). Its figures are added to --partial's.
+- Every sample, on either cluster, starts once no pod of the sample before is still going
+  away and the node is at rest (under a quarter of its CPUs busy over half a second, waited
+  for up to 30 s): the work a sample sets going in the background is not measured with the
+  next one.
 
 Run it through `make bench-start`, which brings a throw-away cluster up and down, then the
 platform.
@@ -66,6 +69,8 @@ FORK_POOL = "base-forks"  # services.pools.base.forks
 POOL_SIZE = 4
 FORK_CHILDREN = 8
 START_TIMEOUT_S = 180
+AT_REST_BUSY = 0.25
+AT_REST_WAIT_S = 30
 # The sustained create rate: rates tried in turn, each for CREATE_WINDOW_S.
 CREATE_RATES = (5.0, 10.0, 20.0, 40.0)
 CREATE_WINDOW_S = 5.0
@@ -126,6 +131,32 @@ def settled(kube: Kube) -> bool:
     gVisor sandboxes, its workspaces' unmounts) is not measured with the next one."""
     pods = kube.request("GET", kube.pods_path(NAMESPACE)).get("items") or []
     return not any(pod["metadata"].get("deletionTimestamp") for pod in pods)
+
+
+def at_rest(seconds: float = 0.5) -> bool:
+    """Whether this machine (the platform's one node) used under AT_REST_BUSY of its CPUs
+    over `seconds`: what the sample before set going in the background (pool refills,
+    workspace releases and replication) is not measured with the next one."""
+
+    def idle_and_total() -> tuple[int, int]:
+        ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return ticks[3] + ticks[4], sum(ticks)  # idle and iowait, of everything
+
+    idle, total = idle_and_total()
+    time.sleep(seconds)
+    idle_after, total_after = idle_and_total()
+    return 1 - (idle_after - idle) / max(1, total_after - total) < AT_REST_BUSY
+
+
+def quiet(kube: Kube) -> None:
+    """Before every sample, of either cluster: no pod of the sandbox namespace still going
+    away, then the node at rest (AT_REST_WAIT_S at most: then it is measured anyway, saying so)."""
+    wait("the node to settle", lambda: settled(kube))
+    deadline = time.monotonic() + AT_REST_WAIT_S
+    while not at_rest():
+        if time.monotonic() > deadline:
+            print(f"  the node was still busy after {AT_REST_WAIT_S} s: measuring anyway", file=sys.stderr)
+            return
 
 
 def wait(what: str, check: Callable[[], bool], timeout: float = 300) -> None:
@@ -293,13 +324,16 @@ def on_the_cluster(
             bare: list[float] = []
             for index in range(samples):
                 print(f"cold and bare {index + 1}/{samples}", file=sys.stderr, flush=True)
+                quiet(kube)
                 cold.append(sample(client, image, "False/PoolNotFound"))
+                quiet(kube)
                 bare.append(direct_pod_ms(kube, image, **pod))
             make_pool(kube, image)
             pooled: list[float] = []
             for index in range(samples):
                 wait("the pool to be ready", lambda: pool_ready(kube, POOL_SIZE))
                 print(f"from the pool {index + 1}/{samples}", file=sys.stderr, flush=True)
+                quiet(kube)
                 pooled.append(sample(client, image, "True/Claimed"))
             kube.request("DELETE", kube.pools_path(NAMESPACE, POOL))
             _, keep, _ = create_to_exec_ms(client, image)
@@ -385,9 +419,9 @@ def on_the_platform(kube: Kube, url: str, key: str, *, samples: int, fork_sample
         for index in range(samples):
             print(f"platform: pool and cold {index + 1}/{samples}", file=sys.stderr, flush=True)
             wait("the pool to be ready", lambda: pool_ready(kube, size))
-            wait("the node to settle", lambda: settled(kube))
+            quiet(kube)
             pooled.append(sample(client, image, "True/Claimed", command=None))
-            wait("the node to settle", lambda: settled(kube))
+            quiet(kube)
             cold.append(sample(client, image, "False/NoPool", **cold_size))
         _, parent, _ = create_to_exec_ms(client, image, command=None)
         client.write_file(parent, "/workspace/note", b"written before the fork\n")
@@ -400,7 +434,7 @@ def on_the_platform(kube: Kube, url: str, key: str, *, samples: int, fork_sample
             )
             if fork_pool:
                 wait("the fork pool to be ready", lambda: pool_ready(kube, fork_pool, FORK_POOL))
-            wait("the node to settle", lambda: settled(kube))
+            quiet(kube)
             elapsed, children_claimed = fork_to_exec_ms(client, parent, FORK_CHILDREN)
             forks.append(elapsed)
             print(f"  {elapsed:.0f} ms, {children_claimed} children claimed", file=sys.stderr, flush=True)
