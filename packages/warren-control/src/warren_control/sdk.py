@@ -459,10 +459,10 @@ class Client:
         as soon as a starting sandbox's state changes), at least `interval` apart when
         nothing changed; `progress` sees every state it passes through (once per change).
         Raises WarrenError `failed` if it fails instead, and WaitTimeout after `timeout`
-        seconds. Waiting for "Running" ends with CannotStart,
-        naming the cluster's reason, as soon as the pod's image cannot be had, or once no
-        node had room for it for `unschedulable_for` seconds (None: wait for room until
-        the timeout). Waiting for "Deleted" ends when the sandbox is gone."""
+        seconds. Waiting for "Running" ends with CannotStart, naming the cluster's reason,
+        as soon as the pod's image cannot be had, or once no node had room for it for
+        `unschedulable_for` seconds (None: wait for room until the timeout). Waiting for
+        "Deleted" ends when the sandbox is gone."""
         deadline = time.monotonic() + timeout
         last: tuple[str, str] | None = None
         unschedulable_since: float | None = None

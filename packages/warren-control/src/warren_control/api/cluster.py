@@ -17,6 +17,7 @@ from warren_control.kube import ApiException, Kube, Obj, error_message
 from warren_control.models import (
     Sandbox,
 )
+from warren_control.observation import start_report
 from warren_control.podspec import (
     FINALIZER,
     FORK_SIBLINGS_ANNOTATION,
@@ -105,6 +106,12 @@ class Cluster:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ClusterError(f"watch: {exc}") from exc
         return current
+
+    def watch_start(self, name: str, start: Obj, timeout_s: float) -> Obj | None:
+        """watch_until the Sandbox's start report (observation.start_report) differs from
+        `start`'s: it ran, failed, could not start or changed its reason (None: it is gone)."""
+        first = start_report(start)
+        return self.watch_until(name, start, lambda obj: obj is None or start_report(obj) != first, timeout_s)
 
     def list_org(self, org_hash: str) -> list[Obj]:
         query = {"labelSelector": f"{ORG_LABEL}={org_hash}"}

@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl, unquote
 
@@ -345,7 +344,7 @@ def running(api: ApiService, who: Identity, sandbox_id: str) -> dict[str, Any]:
             return answer
         name = api.object_name(who, answer["id"])
         obj = api.cluster.read(name) or {}
-        report = phase, reason, current = start_report(obj)
+        phase, reason, current = start_report(obj)
         if phase == SandboxPhase.RUNNING.value and current:
             return record(api, who, sandbox_id)
         meta = obj.get("metadata") or {}
@@ -369,13 +368,9 @@ def running(api: ApiService, who: Identity, sandbox_id: str) -> dict[str, Any]:
                 headers={"Should-Retry": "false"},
             )
         if meta.get("resourceVersion"):
-            api.cluster.watch_until(name, obj, partial(_changed, report), left)
+            api.cluster.watch_start(name, obj, left)
         else:
             time.sleep(min(0.2, left))  # not in the cluster yet
-
-
-def _changed(first: tuple[str, str, bool], obj: dict[str, Any] | None) -> bool:
-    return obj is None or start_report(obj) != first
 
 
 def from_snapshot(api: ApiService, who: Identity, name: str) -> Snapshot | None:

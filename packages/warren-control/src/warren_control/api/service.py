@@ -162,10 +162,7 @@ class ApiService:
             start = self.cluster.read(name)
             if start is None or start_ended(start):
                 return
-            first = start_report(start)
-            last = self.cluster.watch_until(
-                name, start, lambda obj: obj is None or start_ended(obj) or start_report(obj) != first, wait_s
-            )
+            last = self.cluster.watch_start(name, start, wait_s)
         except ClusterError as exc:
             log.warning("cannot follow sandbox %s, answering from the records: %s", sandbox_id, exc)
             return
