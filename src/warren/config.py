@@ -352,6 +352,11 @@ class ServicesConfig(_Model):
     # Each node's warren-blockd state: the write spool and the chunk cache.
     blockd_state_host_path: str = "/var/lib/warren/blockd"
     kubelet_root: str = "/var/lib/kubelet"
+    # Each node's gVisor, for warren-blockd's memory captures (a pod's sandbox checkpointed
+    # with runsc): its runsc and the state root of its containerd shim (runsc.toml's root;
+    # the gvisor role's defaults).
+    runsc_host_path: str = "/usr/local/bin/runsc"
+    runsc_root_host_path: str = "/run/warren/runsc"
     # Each image pinned by its manifest digest (service -> sha256:...): what runs is exactly
     # what was built, and a rebuild under the same tag rolls the workloads. The local
     # deployment fills it from what the node holds (`warren apply --local-node`).
@@ -432,7 +437,13 @@ class ServicesConfig(_Model):
                 raise ValueError(f"{digest!r} ({service}) is not a digest: sha256: and 64 hex digits")
         return value
 
-    @field_validator("stores_host_path", "blockd_state_host_path", "kubelet_root")
+    @field_validator(
+        "stores_host_path",
+        "blockd_state_host_path",
+        "kubelet_root",
+        "runsc_host_path",
+        "runsc_root_host_path",
+    )
     @classmethod
     def _absolute(cls, value: str) -> str:
         if not value.startswith("/") or ".." in value.split("/"):

@@ -9,7 +9,6 @@ workspace."""
 
 from __future__ import annotations
 
-import base64
 import json
 import uuid
 from collections.abc import Iterator
@@ -17,14 +16,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from conftest import WAIT_S, wait_for
+from conftest import SYSTEM, WAIT_S, blockd_pods, blockd_rolled_out, wait_for
 from kubernetes import client
 
 from warren.node.images import busybox_image
 
 pytestmark = pytest.mark.workloads
 
-SYSTEM = "warren-system"
 SANDBOXES = 4
 # The writer: 64 KiB files of random bytes, each fsync'd; after each fsync its digest goes to
 # a journal in the sandbox's own memory (not the workspace), and any failure to an error file
@@ -43,39 +41,6 @@ done
 touch /tmp/stopped
 sleep 86400
 """
-
-
-def blockd_rolled_out(apps: client.AppsV1Api) -> bool:
-    daemonset = apps.read_namespaced_daemon_set("warren-blockd", SYSTEM)
-    status = daemonset.status
-    return bool(
-        status.observed_generation == daemonset.metadata.generation
-        and status.desired_number_scheduled
-        and status.updated_number_scheduled == status.desired_number_scheduled
-        and status.number_available == status.desired_number_scheduled
-        and status.number_ready == status.desired_number_scheduled
-    )
-
-
-def blockd_pods(core: client.CoreV1Api) -> list[Any]:
-    return list(core.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=warren-blockd").items)
-
-
-@pytest.fixture(scope="module")
-def platform(api: client.ApiClient) -> Iterator[Any]:
-    """The API through the edge's Service, with the install Job's first key."""
-    from warren_control.sdk import Client
-
-    core = client.CoreV1Api(api)
-    wait_for("DaemonSet warren-blockd", lambda: blockd_rolled_out(client.AppsV1Api(api)))
-    service = core.read_namespaced_service("warren-control", SYSTEM)
-    port = next(p.port for p in service.spec.ports if p.port == 8080)  # the edge
-    secret = wait_for(
-        "Secret warren-first-key", lambda: core.read_namespaced_secret("warren-first-key", SYSTEM)
-    )
-    key = base64.b64decode(secret.data["key"]).decode()
-    with Client(f"http://{service.spec.cluster_ip}:{port}", key, timeout=60.0) as sdk:
-        yield sdk
 
 
 @pytest.fixture(scope="module")

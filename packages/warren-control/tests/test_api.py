@@ -443,7 +443,7 @@ def test_unsupported_capabilities_are_refused_by_name(
     assert list(org.client.list()) == []
 
 
-def test_memory_capture_on_stop_is_refused(stack: Stack) -> None:
+def test_memory_capture_on_stop_is_refused_where_it_is_off(stack: Stack) -> None:
     org = stack.org()
     box = org.client.create(IMAGE)
     response = httpx.post(
@@ -452,6 +452,26 @@ def test_memory_capture_on_stop_is_refused(stack: Stack) -> None:
     assert response.status_code == 400
     assert response.json()["error"] == "unsupported_capability"
     assert "memory_capture" in response.json()["message"]
+    assert not stack.standin.get(stack.object_name(box.id))["spec"].get("stopped")
+
+
+def test_a_stop_with_memory_asks_the_controller_to_capture_and_a_start_says_cold_or_not(
+    stack_url: str, standin: StandIn
+) -> None:
+    with serve_stack(stack_url, standin, memory_capture=True) as capturing:
+        org = capturing.org()
+        box = org.client.create(IMAGE)
+        name = capturing.object_name(box.id)
+        assert org.client.stop(box.id, memory=True).id == box.id
+        spec = standin.get(name)["spec"]
+        assert spec["stopped"] is True and spec["memoryCapture"] is True
+        org.client.start(box.id)
+        spec = standin.get(name)["spec"]
+        assert spec["stopped"] is False and spec["coldStart"] is False
+        org.client.stop(box.id)
+        assert standin.get(name)["spec"]["memoryCapture"] is False
+        org.client.start(box.id, cold=True)
+        assert standin.get(name)["spec"]["coldStart"] is True
 
 
 def test_without_a_workspace_layer_nothing_pretends_to_keep_files(stack_url: str, standin: StandIn) -> None:

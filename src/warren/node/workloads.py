@@ -33,6 +33,8 @@ def host_paths(state: Path) -> dict[str, str]:
         "stores_host_path": str(state / "stores"),
         # Under the node's root: its teardown unmounts and detaches what warren-blockd left.
         "blockd_state_host_path": str(node.root / "blockd"),
+        "runsc_host_path": str(node.bin_dir / "runsc"),
+        "runsc_root_host_path": str(node.runsc_root),
     }
 
 

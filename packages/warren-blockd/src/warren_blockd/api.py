@@ -6,6 +6,9 @@
   POST /v1/workspaces/<id>/restore         {"target"}
   POST /v1/workspaces/<id>/unmount         {"wait_replicated": seconds}
   POST /v1/workspaces/<id>/flush           {"wait_replicated": seconds}
+  POST /v1/images                          {"pod_uid", "workspace"}: capture (memory.py)
+  POST /v1/images/<image>/stage            {"workspace", "workspace_seq"}: fetch, verify
+  POST /v1/images/discard                  {"pod_uid"}: end the sandbox a capture froze
   GET  /v1/stats      GET /metrics      GET /healthz
 Errors are {"error": code, "message": text, "fix": text} with a 4xx/5xx status. During a
 handoff the POSTs wait; once this daemon has handed over they answer `handed_over` (503),
@@ -28,6 +31,7 @@ from warren_blockd import metrics
 from warren_blockd.daemon import BlockdError, Daemon
 from warren_blockd.errors import BlobError, NotFoundError
 from warren_blockd.ids import WORKSPACE_ID_RULE
+from warren_blockd.memory import Images
 from warren_blockd.workspace import SplitBrainError, WorkspaceReleasedError
 
 log = logging.getLogger("warren_blockd.api")
@@ -46,6 +50,14 @@ ERRORS = {
     "storage": (503, "object storage did not answer: check the daemon's store and try again"),
     "handed_over": (503, "retry: the new daemon answers on the same socket in a moment"),
     "host_command_failed": (500, "the host refused the command in the message: see the daemon's log"),
+    "not_frozen": (409, "discard only the sandbox of a pod whose capture left it frozen"),
+    "no_runsc": (501, "start the daemon with --runsc and --runsc-root (the node's gVisor) to capture memory"),
+    "corrupt_image": (422, "the image cannot be restored: delete it; resume from a cold start if you must"),
+    "workspace_mismatch": (409, "stage an image with the workspace it was captured over"),
+    "workspace_changed": (
+        409,
+        "the workspace was written after the capture: resume from a cold start, or from a newer image",
+    ),
 }
 
 
@@ -75,7 +87,7 @@ def translate(exc: Exception) -> RequestError | None:
     return None
 
 
-def routes(daemon: Daemon) -> list[Route]:
+def routes(daemon: Daemon, images: Images | None = None) -> list[Route]:
     def health(_r: Request) -> Any:
         ok = daemon.ready.is_set() and not daemon.gate.handed_over
         return {"ok": ok, "instance": daemon.instance, "pid": os.getpid()}
@@ -98,6 +110,11 @@ def routes(daemon: Daemon) -> list[Route]:
     def wait(r: Request) -> Any:
         return r.body.get("wait_replicated")
 
+    def memory() -> Images:
+        if images is None:
+            raise BlockdError("no_runsc", "this daemon keeps no memory images")
+        return images
+
     ws = "/v1/workspaces/{id}"
     return [
         Route("GET", "/healthz", health),
@@ -109,14 +126,23 @@ def routes(daemon: Daemon) -> list[Route]:
         Route("POST", f"{ws}/restore", lambda r: daemon.restore(r.params["id"], str(r.body["target"]))),
         Route("POST", f"{ws}/unmount", lambda r: asdict(daemon.unmount(r.params["id"], wait(r)))),
         Route("POST", f"{ws}/flush", lambda r: asdict(daemon.flush(r.params["id"], wait(r)))),
+        Route(
+            "POST", "/v1/images", lambda r: memory().capture(str(r.body["pod_uid"]), str(r.body["workspace"]))
+        ),
+        Route("POST", "/v1/images/discard", lambda r: memory().discard(str(r.body["pod_uid"]))),
+        Route(
+            "POST",
+            "/v1/images/{id}/stage",
+            lambda r: memory().stage(r.params["id"], str(r.body["workspace"]), int(r.body["workspace_seq"])),
+        ),
     ]
 
 
 class Server(server.Server):
-    def __init__(self, path: Path, daemon: Daemon) -> None:
+    def __init__(self, path: Path, daemon: Daemon, images: Images | None = None) -> None:
         def around(request: Request) -> AbstractContextManager[object]:
             # A handoff waits for the POSTs under way, or they for the handoff.
             return daemon.gate.operation() if request.method == "POST" else nullcontext()
 
-        super().__init__(path, routes(daemon), translate=translate, around=around, log=log)
+        super().__init__(path, routes(daemon, images), translate=translate, around=around, log=log)
         self.daemon = daemon

@@ -25,6 +25,8 @@ from warren_blockd.gc import DEFAULT_GRACE
 log = logging.getLogger("warren_blockd")
 NOT_IN_STORE = 3  # `replicated`: the workspace has nothing in the store
 UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# A capture proves the workspace in storage before it stores the image.
+CAPTURE_REPLICATE_WAIT_S = 60.0
 QUIET_LOGGERS = ("botocore", "boto3", "urllib3")  # the S3 client logs every request
 
 
@@ -82,7 +84,7 @@ def serve(args: argparse.Namespace) -> int:
     if not took_over and not _plain_start(daemon, args.socket, stop):
         return 1
     threading.Thread(target=_stop_when_fuse_ends, args=(daemon, stop), name="fuse-watch", daemon=True).start()
-    server = Server(Path(args.socket), daemon)
+    server = Server(Path(args.socket), daemon, _images(args, daemon))
     threading.Thread(target=server.serve_forever, name="api", daemon=True).start()
     threading.Thread(target=daemon.background, name="background", daemon=True).start()
     handed_over = threading.Event()
@@ -448,6 +450,28 @@ def _serve_options(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--ready-file",
         help="written while this process serves (its instance id), removed once it has handed over",
+    )
+    s.add_argument("--runsc", help="the node's runsc, to capture gVisor sandboxes' memory with")
+    s.add_argument("--runsc-root", help="the state directory of the node's gVisor shim (its k8s.io root)")
+    s.add_argument(
+        "--host-state-dir",
+        help="where the host sees --state-dir (the daemon runs in a pod): staged images are named by it",
+    )
+
+
+def _images(args: argparse.Namespace, daemon: Any) -> Any:
+    """Memory images (memory.py), captured with the node's runsc when it is named."""
+    from warren_blockd.memory import Images, Runsc
+
+    runsc = Runsc(args.runsc, args.runsc_root) if args.runsc and args.runsc_root else None
+    state = Path(args.state_dir)
+    return Images(
+        daemon.store,
+        state,
+        Path(args.host_state_dir or state),
+        runsc,
+        flush=lambda workspace: daemon.flush(workspace, wait_replicated=CAPTURE_REPLICATE_WAIT_S),
+        attached=lambda workspace: workspace in daemon.attached,
     )
 
 

@@ -53,22 +53,49 @@ class Binder:
                 body["siblings"] = siblings
         elif workspace.get("size"):
             body["size"] = str(workspace["size"])
+        return str(self._post(node, "/v1/bind", body, "the bind").get("how"))
+
+    def capture(self, pod: Mapping[str, Any], workspace: str) -> dict[str, Any]:
+        """Freeze and checkpoint the running pod's gVisor sandbox and store the image, bound
+        to `workspace` as proven in storage after it (warren_blockd.memory): the image's
+        id, workspace_seq, bytes and times. The sandbox stays frozen."""
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if not node:
+            raise BindError("the pod has no node")
+        body = {"pod_uid": pod["metadata"]["uid"], "workspace": workspace}
+        return self._post(node, "/v1/capture", body, "the capture")
+
+    def discard(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """Kill the sandbox a capture left frozen, once its pod is being deleted (a frozen
+        sandbox answers none of the runtime's signals)."""
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        return self._post(node, "/v1/discard", {"pod_uid": pod["metadata"]["uid"]}, "the discard")
+
+    def stage(self, node: str, image: str, workspace: str, workspace_seq: int) -> dict[str, Any]:
+        """Fetch and verify `image` on `node` for a pod to be restored from: its `path` there.
+        Refused (BindError, naming why) unless `workspace` is at write record `workspace_seq`
+        (what storage proved once the captured pod was gone)."""
+        body = {"image": image, "workspace": workspace, "workspace_seq": workspace_seq}
+        return self._post(node, "/v1/stage", body, "the staging")
+
+    def _post(self, node: str, path: str, body: Mapping[str, Any], doing: str) -> dict[str, Any]:
         for attempt in range(2):
             address = self._address(node, fresh=attempt > 0)
             try:
                 answer = self._http.post(
-                    f"http://{address}:{self.options.port}/v1/bind",
+                    f"http://{address}:{self.options.port}{path}",
                     json=body,
                     headers={"Authorization": f"Bearer {self.options.token}"},
                 )
             except httpx.ConnectError:
                 continue  # the plugin's pod was replaced (a rollout): look again, once
             except httpx.HTTPError as exc:
-                raise BindError(f"warren-blockd on node {node} did not answer the bind: {exc}") from exc
+                raise BindError(f"warren-blockd on node {node} did not answer {doing}: {exc}") from exc
             if answer.status_code != httpx.codes.OK:
-                raise BindError(f"warren-blockd on node {node} refused the bind: {_message(answer)}")
-            return str(answer.json().get("how"))
-        raise BindError(f"warren-blockd on node {node} could not be reached for the bind")
+                raise BindError(f"warren-blockd on node {node} refused {doing}: {_message(answer)}")
+            found: dict[str, Any] = answer.json()
+            return found
+        raise BindError(f"warren-blockd on node {node} could not be reached for {doing}")
 
     def _address(self, node: str, *, fresh: bool) -> str:
         with self._lock:

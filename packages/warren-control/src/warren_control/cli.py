@@ -241,9 +241,12 @@ def _serve_in_thread(app: Any, host: str, port: int, tls: _Tls = _PLAIN_HTTP) ->
 
 
 def _run_controller(args: argparse.Namespace) -> None:
-    from warren_control import controller
+    from warren_control import controller, workspaces
     from warren_control.podspec import PodOptions, blockd_volume
 
+    store = workspaces.from_arguments(
+        args.workspace_store, args.workspace_store_endpoint, args.workspace_store_tool
+    )
     options = controller.ControllerOptions(
         pod=PodOptions(
             image_pull_policy=args.image_pull_policy,
@@ -253,7 +256,8 @@ def _run_controller(args: argparse.Namespace) -> None:
             agent_in_images=frozenset(args.agent_in_image),
         ),
         workspace=blockd_volume if args.workspaces else controller.no_workspace,
-        release_workspace=_release_hook(args),
+        release_workspace=store.release if store is not None else None,
+        workspace_seq=(lambda w: store.proof(w).replicated_sequence) if store is not None else None,
         bind=_bind_options(args.blockd_bind_token_file),
     )
     controller.run(args.watch_namespace or [args.sandbox_namespace], args.kubeconfig, options=options)
@@ -272,17 +276,6 @@ def _bind_options(token_file: str | None) -> Any:
     if not token:
         raise SystemExit(f"--blockd-bind-token-file {token_file} is empty")
     return BindOptions(token=token)
-
-
-def _release_hook(args: argparse.Namespace) -> Any:
-    """The workspace store's release, for the controller's unclaimed pool pods; None
-    without a store."""
-    from warren_control import workspaces
-
-    store = workspaces.from_arguments(
-        args.workspace_store, args.workspace_store_endpoint, args.workspace_store_tool
-    )
-    return store.release if store is not None else None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

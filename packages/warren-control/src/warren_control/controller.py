@@ -53,6 +53,7 @@ from warren_control.podspec import (
     MANAGED_BY_LABEL,
     POOL_LABEL,
     POOL_SKIPPED_ANNOTATION,
+    RESTORE_ANNOTATION,
     SANDBOX_UID_LABEL,
     SPEC_HASH_ANNOTATION,
     WORKSPACE_LABEL,
@@ -77,11 +78,13 @@ from warren_control.podspec import (
     pool_pod_name,
     pool_refill_per_second,
     pool_size,
+    restored_from,
     sandbox_workspace_id,
     spec_hash,
     unbound,
     with_workspace_id,
 )
+from warren_control.workspaces import WorkspaceStoreError
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +129,11 @@ class ControllerOptions:
     # Removes a workspace from object storage (the workspace store's release): a pool pod
     # that goes unclaimed takes its new, empty workspace with it. None: they stay there.
     release_workspace: Callable[[str], object] | None = None
+    # The newest write record of a workspace proven in storage (the workspace store's
+    # proof): the generation a memory image is valid over, read once its pod is gone.
+    workspace_seq: Callable[[str], int] | None = None
     # How to reach the nodes' bind API, for pools whose pods take their workspace at the
-    # claim (bindAtClaim). None: such pools are never claimed from.
+    # claim (bindAtClaim), and for memory capture and resume. None: neither is done.
     bind: BindOptions | None = None
 
 
@@ -178,6 +184,16 @@ def _terminating(obj: Mapping[str, Any]) -> bool:
 
 def _stopped(sandbox: Mapping[str, Any]) -> bool:
     return bool((sandbox.get("spec") or {}).get("stopped"))
+
+
+def _memory_image(sandbox: Mapping[str, Any]) -> Obj | None:
+    """The Sandbox's memory image record (status.memoryImage), if it has one."""
+    record = (sandbox.get("status") or {}).get("memoryImage")
+    return dict(record) if record else None
+
+
+def _restored(pod: Mapping[str, Any]) -> bool:
+    return bool(((pod.get("metadata") or {}).get("annotations") or {}).get(RESTORE_ANNOTATION))
 
 
 def _waiting(pod: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -494,21 +510,23 @@ class Reconciler:
         for extra in pods[1:]:
             if not _terminating(extra):  # one pod per Sandbox, whatever raced
                 self._delete(extra)
-        name = pod["metadata"]["name"] if pod is not None else pod_name(uid)
         if pod is not None and self._workspaces and unbound(sandbox) and (found := pod_workspace_id(pod)):
             # A claimed pool pod whose binding a crash (or a watch still behind) kept from
             # the spec: the pod is the Sandbox's, and so is its workspace.
             sandbox = self._bind(sandbox, found)
 
         if _stopped(sandbox):
-            if pod is not None and not _terminating(pod):
-                pod = self._delete(pod)
-                log.info("stopping %s/%s: deleted pod %s", namespace, sandbox["metadata"]["name"], name)
-            return sandbox, observe(sandbox, pod)
+            kept = self._stop(sandbox, pod)
+            return sandbox, kept if isinstance(kept, Observation) else observe(sandbox, kept)
 
         if pod is not None and not _terminating(pod):
             pod = self._keep_or_replace(sandbox, pod)
         start: Obj | None = None
+        if pod is None and _memory_image(sandbox) is not None:
+            resumed = self._resume(sandbox)
+            if isinstance(resumed, Observation):
+                return sandbox, resumed
+            pod = resumed
         if pod is None:
             sandbox, pod, start = self._claim(sandbox)
         if pod is None:
@@ -521,7 +539,143 @@ class Reconciler:
         with self._guard:
             answers = pod["metadata"]["uid"] in self._agent_answers
         seen = observe(sandbox, pod, agent_answers=answers)
+        self._memory_used(sandbox, pod, seen)
         return sandbox, dataclasses.replace(seen, pod=pod["metadata"]["name"], start=start)
+
+    def _stop(self, sandbox: Obj, pod: Obj | None) -> Obj | Observation | None:
+        """The stopped Sandbox's pod as this pass leaves it: deleted (its memory captured
+        first if the stop asks for that); or, if the capture failed, running on, and why."""
+        if pod is None:
+            self._seal(sandbox)
+            return None
+        if _terminating(pod):
+            self._discard(sandbox, pod)  # again: a restart between delete and discard left it frozen
+            return pod
+        if self._capture(sandbox, pod) == "failed":
+            error = (_memory_image(sandbox) or {}).get("error")
+            return Observation(
+                "Running",
+                True,
+                "MemoryCaptureFailed",
+                f"not stopped: capturing its memory failed ({error}); stop it without "
+                "memory capture to stop it anyway",
+                pod=pod["metadata"]["name"],
+            )
+        deleted = self._delete(pod)
+        log.info("stopping %s: deleted pod %s", sandbox["metadata"]["name"], pod["metadata"]["name"])
+        self._discard(sandbox, deleted)
+        return deleted
+
+    # -- memory: capture on a stop that asks for it, resume from the image ----------------
+
+    def _memory_used(self, sandbox: Obj, pod: Obj, seen: Observation) -> None:
+        """Drop the memory image record of a started Sandbox once it is done with: its pod
+        restored from it runs (status.restoredFrom names it), or it says a capture failed
+        (a later stop may try anew)."""
+        image = _memory_image(sandbox)
+        if image is None:
+            return
+        if seen.phase == "Running" and _restored(pod):
+            self._patch_memory(sandbox, None, restored_from=str(image.get("image")))
+        elif image.get("error"):
+            self._patch_memory(sandbox, None)
+
+    def _capture(self, sandbox: Obj, pod: Obj) -> str | None:
+        """Capture the running pod's memory if the stop asks for it: "captured" (the sandbox
+        is frozen until _discard), "failed" (it runs on, and status.memoryImage.error says
+        why; not tried again for this pod), or None (not asked, or already done)."""
+        spec = sandbox.get("spec") or {}
+        workspace = sandbox_workspace_id(sandbox)
+        if not spec.get("memoryCapture") or workspace is None:
+            return None
+        if (pod.get("status") or {}).get("phase") != "Running":
+            return None  # nothing ran yet whose memory would be worth keeping
+        record = _memory_image(sandbox) or {}
+        if record.get("podUid") == pod["metadata"]["uid"]:
+            return "failed" if record.get("error") else None
+        try:
+            if self.binder is None:
+                raise BindError("this controller cannot reach the nodes' warren-blockd (no bind token)")
+            restored_from(pod, "")  # a pod that could never be restored is not captured
+            captured = self.binder.capture(pod, workspace)
+        except (BindError, SandboxSpecError) as exc:
+            log.warning("capturing the memory of %s failed: %s", sandbox["metadata"]["name"], exc)
+            self._patch_memory(sandbox, {"podUid": pod["metadata"]["uid"], "error": str(exc)})
+            return "failed"
+        self._patch_memory(
+            sandbox,
+            {
+                "image": captured["image"],
+                "workspace": workspace,
+                "workspaceSeq": captured["workspace_seq"],
+                "bytes": captured["bytes"],
+                "node": pod["spec"]["nodeName"],
+                "podUid": pod["metadata"]["uid"],
+                "capturedAt": _now(),
+            },
+        )
+        log.info("captured the memory of %s: %s", sandbox["metadata"]["name"], captured)
+        return "captured"
+
+    def _discard(self, sandbox: Obj, pod: Obj | None) -> None:
+        """Kill the sandbox its capture left frozen, now that its pod is being deleted (it
+        answers none of the runtime's signals: its pod would never finish going)."""
+        record = _memory_image(sandbox)
+        if pod is None or self.binder is None or not record or record.get("error"):
+            return
+        if record.get("podUid") != pod["metadata"]["uid"]:
+            return  # another pod's image (a resumed sandbox stopped again without capture)
+        try:
+            self.binder.discard(pod)
+        except BindError as exc:
+            log.warning("discarding the frozen sandbox of %s failed: %s", sandbox["metadata"]["name"], exc)
+
+    def _seal(self, sandbox: Obj) -> None:
+        """Once the captured pod is gone (its workspace unmounted, which writes ext4's own
+        bookkeeping, and proven in storage): record the write record the image is valid over."""
+        record = _memory_image(sandbox)
+        if not record or record.get("error") or "sealedSeq" in record or self.options.workspace_seq is None:
+            return
+        try:
+            sealed = self.options.workspace_seq(str(record["workspace"]))
+        except WorkspaceStoreError as exc:  # the next pass tries again
+            log.warning("reading the workspace of %s failed: %s", sandbox["metadata"]["name"], exc)
+            return
+        self._patch_memory(sandbox, {**record, "sealedSeq": sealed})
+
+    def _resume(self, sandbox: Obj) -> Obj | Observation:
+        """A pod restored from the Sandbox's memory image, on the node it was captured on;
+        why not, if the image cannot be restored there (never a cold start in its place)."""
+        record = _memory_image(sandbox) or {}
+        if record.get("error") or (sandbox.get("spec") or {}).get("coldStart"):
+            # Nothing was captured, or the caller asked to start afresh: a cold start.
+            self._patch_memory(sandbox, None)
+            return self._create(sandbox)
+        if "sealedSeq" not in record:
+            self._seal(sandbox)
+            return Observation("Pending", False, "Resuming", "sealing the memory image's workspace")
+        try:
+            if self.binder is None:
+                raise BindError("this controller cannot reach the nodes' warren-blockd (no bind token)")
+            staged = self.binder.stage(
+                str(record["node"]), str(record["image"]), str(record["workspace"]), int(record["sealedSeq"])
+            )
+        except BindError as exc:
+            return Observation("Failed", False, "ResumeRefused", str(exc))
+        return self._create(sandbox, restore=(str(record["node"]), str(staged["path"])))
+
+    def _patch_memory(self, sandbox: Obj, record: Obj | None, restored_from: str | None = None) -> None:
+        """status.memoryImage (None removes it) and, after a resume, status.restoredFrom."""
+        meta = sandbox["metadata"]
+        patch: Obj = {"memoryImage": record}
+        if restored_from is not None:
+            patch["restoredFrom"] = restored_from
+        try:
+            self.kube.patch_sandbox_status(meta["namespace"], meta["name"], patch)
+        except ApiException as exc:
+            if exc.status != HTTPStatus.NOT_FOUND:
+                raise
+        sandbox.setdefault("status", {})["memoryImage"] = record
 
     def _keep_or_replace(self, sandbox: Obj, pod: Obj) -> Obj | None:
         """The Sandbox's running pod as this pass leaves it: kept, finished (a claimed
@@ -978,7 +1132,9 @@ class Reconciler:
             return _deleting(pod)
         return self.kube.read_pod(meta["namespace"], meta["name"])  # gone, or another incarnation
 
-    def _create(self, sandbox: Obj) -> Obj | Observation:
+    def _create(self, sandbox: Obj, restore: tuple[str, str] | None = None) -> Obj | Observation:
+        """Make the Sandbox's pod; with `restore` (a node, and the memory image staged there),
+        one restored from the image on that node."""
         namespace = sandbox["metadata"]["namespace"]
         uid = str(sandbox["metadata"]["uid"])
         try:
@@ -986,8 +1142,10 @@ class Reconciler:
                 sandbox,
                 options=self.options.pod,
                 workspace_volume=self.options.workspace(sandbox),
-                node=self._parent_node(sandbox),
+                node=restore[0] if restore else self._parent_node(sandbox),
             )
+            if restore:
+                body = restored_from(body, restore[1])
         except SandboxSpecError as exc:
             return Observation("Failed", False, "InvalidSpec", str(exc))
         try:

@@ -354,11 +354,17 @@ class Client:
         results: builtins.list[ForkResult] = self._retrying(call)
         return results
 
-    def stop(self, sandbox_id: str) -> Sandbox:
-        return self._sandbox("POST", f"/v1/sandboxes/{sandbox_id}/stop")
+    def stop(self, sandbox_id: str, *, memory: bool = False) -> Sandbox:
+        """Stop the sandbox; with `memory`, its processes' memory is captured first and the
+        next start resumes them."""
+        body = {"memory_capture": True} if memory else None
+        return self._sandbox("POST", f"/v1/sandboxes/{sandbox_id}/stop", json_body=body)
 
-    def start(self, sandbox_id: str) -> Sandbox:
-        return self._sandbox("POST", f"/v1/sandboxes/{sandbox_id}/start")
+    def start(self, sandbox_id: str, *, cold: bool = False) -> Sandbox:
+        """Start the sandbox again: resumed from its memory if that was captured, unless
+        `cold`."""
+        body = {"cold": True} if cold else None
+        return self._sandbox("POST", f"/v1/sandboxes/{sandbox_id}/start", json_body=body)
 
     def keepalive(self, sandbox_id: str) -> Sandbox:
         return self._sandbox("POST", f"/v1/sandboxes/{sandbox_id}/keepalive")

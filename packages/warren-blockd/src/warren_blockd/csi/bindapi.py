@@ -5,6 +5,12 @@ them off private ranges; the token keeps everyone else out).
 
   POST /v1/bind  {"pod_uid", "workspace", and one of "forkOf" | "template" | "size"}
                  -> {"workspace", "how"}: forked, from template, created, restored, already bound
+  POST /v1/capture  {"pod_uid", "workspace"} -> {"image", "workspace_seq", "bytes", ...}
+  POST /v1/stage    {"image", "workspace", "workspace_seq"} -> {"image", "path"}: where the
+                    host has it, verified, if the workspace is at that write record
+  POST /v1/discard  {"pod_uid"}              -> the sandbox a capture froze, killed
+
+Capture and stage are the daemon's (warren_blockd.memory), passed on as they are asked.
 
 The fields are the volume attributes a pod would give, checked the same way; the workspace
 is made and mounted as a publish would, at the target of the pod's awaiting volume.
@@ -17,6 +23,7 @@ import time
 from typing import Any
 
 import grpc
+from warren_common.client import ApiError
 from warren_common.server import Request, RequestError, Route, TcpServer
 
 from warren_blockd.csi import attributes
@@ -67,10 +74,38 @@ def routes(publisher: Publisher) -> list[Route]:
         log.info("bound", extra={"fields": fields})
         return {"workspace": wanted.workspace, "how": how}
 
-    return [Route("POST", "/v1/bind", bind)]
+    def capture(request: Request) -> Any:
+        body = {"pod_uid": str(request.body["pod_uid"]), "workspace": str(request.body["workspace"])}
+        return publisher.client.request("POST", "/v1/images", body)
+
+    def stage(request: Request) -> Any:
+        image = str(request.body["image"])
+        body = {
+            "workspace": str(request.body["workspace"]),
+            "workspace_seq": int(request.body["workspace_seq"]),
+        }
+        return publisher.client.request("POST", f"/v1/images/{image}/stage", body)
+
+    def discard(request: Request) -> Any:
+        body = {"pod_uid": str(request.body["pod_uid"])}
+        return publisher.client.request("POST", "/v1/images/discard", body)
+
+    return [
+        Route("POST", "/v1/bind", bind),
+        Route("POST", "/v1/discard", discard),
+        Route("POST", "/v1/capture", capture),
+        Route("POST", "/v1/stage", stage),
+    ]
 
 
 def translate(exc: Exception) -> RequestError | None:
+    if isinstance(exc, ApiError):  # the daemon's refusal, as it gave it
+        return RequestError(exc.code, str(exc.doc.get("message")), str(exc.doc.get("fix")), exc.status)
+    if isinstance(exc, OSError):
+        return RequestError("unavailable", f"the node's warren-blockd did not answer: {exc}", "retry", 503)
+    if isinstance(exc, KeyError):
+        fix = "send the fields the route names in warren_blockd.csi.bindapi"
+        return RequestError("bad_request", f"missing field {exc}", fix, 400)
     if not isinstance(exc, CsiError):
         return None
     status, code = STATUS.get(exc.code, (500, "internal"))

@@ -19,6 +19,7 @@ from warren_control.api.shapes import (
     ForkRequest,
     PageOut,
     SandboxOut,
+    StartRequest,
     StopRequest,
     error_responses,
 )
@@ -134,17 +135,16 @@ def fork_sandbox(
     status_code=202,
     response_model=SandboxOut,
     responses=error_responses(400, 401, 404, 409, 503),
-    summary="Stop a sandbox: its processes end, its workspace stays",
+    summary="Stop a sandbox: its processes end (their memory captured first if asked), its workspace stays",
 )
 def stop_sandbox(
     sandbox_id: str, who: Who, api: Api, body: Annotated[StopRequest | None, Body()] = None
 ) -> Response:
-    if body is not None and body.memory_capture:
-        if not api.settings.memory_capture:
-            raise unsupported("memory_capture", "memory capture is off on this deployment")
-        raise unsupported("memory_capture", "this version cannot capture a gVisor sandbox's memory")
+    memory = body is not None and body.memory_capture
+    if memory and not api.settings.memory_capture:
+        raise unsupported("memory_capture", "memory capture is off on this deployment")
     api.need_workspaces("stopping (only the workspace outlives the processes)")
-    return JSONResponse(api.set_stopped(who, sandbox_id, True), status_code=202)
+    return JSONResponse(api.set_stopped(who, sandbox_id, True, memory=memory), status_code=202)
 
 
 @router.post(
@@ -152,10 +152,13 @@ def stop_sandbox(
     status_code=202,
     response_model=SandboxOut,
     responses=error_responses(401, 404, 409, 503),
-    summary="Start a stopped sandbox again, on the same workspace",
+    summary="Start a stopped sandbox again, on the same workspace (resumed from its memory if captured)",
 )
-def start_sandbox(sandbox_id: str, who: Who, api: Api) -> Response:
-    return JSONResponse(api.set_stopped(who, sandbox_id, False), status_code=202)
+def start_sandbox(
+    sandbox_id: str, who: Who, api: Api, body: Annotated[StartRequest | None, Body()] = None
+) -> Response:
+    cold = body is not None and body.cold
+    return JSONResponse(api.set_stopped(who, sandbox_id, False, cold=cold), status_code=202)
 
 
 @router.post(

@@ -584,9 +584,12 @@ class ApiService:
             self.restate(who.org, key, status, response)
         return status, response, replayed
 
-    def set_stopped(self, who: Identity, sandbox_id: str, stopped: bool) -> dict[str, Any]:
-        """Stop a sandbox (its processes end, its workspace stays) or start it again; the
-        record as /v1 shows it."""
+    def set_stopped(
+        self, who: Identity, sandbox_id: str, stopped: bool, *, memory: bool = False, cold: bool = False
+    ) -> dict[str, Any]:
+        """Stop a sandbox (its processes end, its workspace stays; with `memory`, its memory
+        is captured first and the next start resumes from it) or start it again (`cold`: as
+        a new start even where a memory image was captured); the record as /v1 shows it."""
         with self.sessions() as session:
             object_name = self.find(session, who, sandbox_id).object_name
         # The resource says whether it is being deleted (the record's Terminating may only
@@ -594,7 +597,12 @@ class ApiService:
         obj = self.cluster.read(object_name)
         if obj is not None and (obj.get("metadata") or {}).get("deletionTimestamp"):
             raise ApiError(409, "conflict", "the sandbox is being deleted")
-        if obj is None or self.cluster.patch(object_name, {"spec": {"stopped": stopped}}) is None:
+        change = (
+            {"stopped": stopped, "memoryCapture": memory}
+            if stopped
+            else {"stopped": False, "coldStart": cold}
+        )
+        if obj is None or self.cluster.patch(object_name, {"spec": change}) is None:
             raise ApiError(409, "conflict", "the cluster holds nothing for this sandbox")
         with self.sessions.begin() as session:
             record = self.find(session, who, sandbox_id)

@@ -72,7 +72,17 @@ class ForkRequest(Strict):
 
 
 class StopRequest(Strict):
-    memory_capture: bool = False
+    memory_capture: bool = Field(
+        default=False,
+        description="Capture the processes' memory first: the next start resumes them where they were.",
+    )
+
+
+class StartRequest(Strict):
+    cold: bool = Field(
+        default=False,
+        description="Start anew even where memory was captured (a resume is never given up silently).",
+    )
 
 
 class ExecRequest(Strict):

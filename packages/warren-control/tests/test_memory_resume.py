@@ -1,0 +1,173 @@
+"""Pause and resume with memory against the in-memory API server of test_controller.py: a
+stop that asks for it has the node capture the sandbox before its pod goes, the image is
+sealed over the workspace's write record once the pod is gone, and a start restores a new
+pod from it on that node, or says why not; never a cold start unless asked. The cluster tier
+(tests/workloads/test_memory_images.py) does the same with runsc and warren-blockd."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_controller import NS, FakeKube, run
+from warren_control.binder import BindError
+from warren_control.controller import ControllerOptions, Reconciler
+from warren_control.kube import Obj
+from warren_control.podspec import RESTORE_ANNOTATION, RESTORED_AGENT_ANNOTATION
+
+IMAGE = "ab" * 32
+WORKSPACE = {"id": "ws-a", "size": "10Gi"}
+
+
+class FakeBinder:
+    """The nodes' memory calls as the controller makes them, each answered or refused."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.refuse: dict[str, str] = {}
+
+    def _call(self, what: str, args: Any) -> None:
+        self.calls.append((what, args))
+        if what in self.refuse:
+            raise BindError(self.refuse[what])
+
+    def capture(self, pod: Obj, workspace: str) -> dict[str, Any]:
+        self._call("capture", (pod["metadata"]["uid"], workspace))
+        return {"image": IMAGE, "workspace": workspace, "workspace_seq": 5, "bytes": 3 << 20}
+
+    def discard(self, pod: Obj) -> dict[str, Any]:
+        self._call("discard", pod["metadata"]["uid"])
+        return {}
+
+    def stage(self, node: str, image: str, workspace: str, workspace_seq: int) -> dict[str, Any]:
+        self._call("stage", (node, image, workspace, workspace_seq))
+        return {"image": image, "path": f"/state/images/{image}.0001"}
+
+    def named(self, what: str) -> list[Any]:
+        return [args for name, args in self.calls if name == what]
+
+
+@pytest.fixture
+def setup() -> tuple[FakeKube, Reconciler, FakeBinder]:
+    kube = FakeKube()
+    reconciler = Reconciler(kube, ControllerOptions(quiet_start_seconds=0, workspace_seq=lambda ws: 8))
+    binder = FakeBinder()
+    reconciler.binder = binder  # type: ignore[assignment]
+    kube.add_sandbox("a", workspace=dict(WORKSPACE))
+    reconciler.reconcile(NS, "a")
+    (pod,) = kube.pods.values()
+    pod["spec"]["nodeName"] = "node-b"
+    run(pod)
+    reconciler.reconcile(NS, "a")
+    assert kube.status("a")["phase"] == "Running"
+    return kube, reconciler, binder
+
+
+def pause(kube: FakeKube, reconciler: Reconciler) -> None:
+    kube.update_spec("a", stopped=True, memoryCapture=True)
+    reconciler.reconcile(NS, "a")
+    kube.finish_deletions()
+    reconciler.reconcile(NS, "a")
+
+
+def test_a_stop_with_memory_captures_then_deletes_and_seals_the_image_once_the_pod_is_gone(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = setup
+    (pod,) = kube.pods.values()
+    kube.update_spec("a", stopped=True, memoryCapture=True)
+    reconciler.reconcile(NS, "a")
+    assert binder.named("capture") == [(pod["metadata"]["uid"], "ws-a")]
+    assert binder.named("discard") == [pod["metadata"]["uid"]]  # after the delete: it was frozen
+    assert "deletionTimestamp" in kube.pods[pod["metadata"]["name"]]["metadata"]
+    record = kube.status("a")["memoryImage"]
+    assert record["image"] == IMAGE and record["node"] == "node-b" and record["workspaceSeq"] == 5
+    assert "sealedSeq" not in record  # the pod still unmounts its workspace
+    reconciler.reconcile(NS, "a")  # still going: the discard is asked again, harmlessly
+    assert len(binder.named("discard")) == 2
+    kube.finish_deletions()
+    reconciler.reconcile(NS, "a")
+    assert kube.status("a")["phase"] == "Stopped"
+    assert kube.status("a")["memoryImage"]["sealedSeq"] == 8
+    assert len(binder.named("capture")) == 1
+
+
+def test_a_start_restores_a_new_pod_from_the_image_on_its_node(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = setup
+    pause(kube, reconciler)
+    kube.update_spec("a", stopped=False, coldStart=False)
+    reconciler.reconcile(NS, "a")
+    assert binder.named("stage") == [("node-b", IMAGE, "ws-a", 8)]
+    (pod,) = kube.pods.values()
+    notes = pod["metadata"]["annotations"]
+    assert notes[RESTORE_ANNOTATION] == f"/state/images/{IMAGE}.0001"
+    (term,) = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchFields"][0]["values"] == ["node-b"]  # where the image is staged
+    assert all("lifecycle" not in c for c in pod["spec"]["containers"])
+    assert RESTORED_AGENT_ANNOTATION not in notes  # this sandbox runs no agent
+    run(pod)
+    reconciler.reconcile(NS, "a")
+    status = kube.status("a")
+    assert status["phase"] == "Running" and status["restoredFrom"] == IMAGE
+    assert status["memoryImage"] is None  # used: the next stop captures anew
+
+
+def test_a_refused_stage_fails_the_start_by_name_and_only_a_cold_start_drops_the_image(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = setup
+    pause(kube, reconciler)
+    binder.refuse["stage"] = "warren-blockd on node node-b refused: workspace ws-a is at write record 9"
+    kube.update_spec("a", stopped=False)
+    reconciler.reconcile(NS, "a")
+    status = kube.status("a")
+    assert status["phase"] == "Failed" and not kube.pods
+    condition = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert condition["reason"] == "ResumeRefused" and "write record 9" in condition["message"]
+    assert status["memoryImage"]["image"] == IMAGE  # kept: the caller chooses
+    kube.update_spec("a", coldStart=True)
+    reconciler.reconcile(NS, "a")
+    (pod,) = kube.pods.values()
+    assert RESTORE_ANNOTATION not in (pod["metadata"].get("annotations") or {})
+    assert kube.status("a")["memoryImage"] is None
+
+
+def test_a_failed_capture_leaves_the_sandbox_running_and_says_why(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = setup
+    binder.refuse["capture"] = "warren-blockd on node node-b refused: runsc checkpoint failed"
+    kube.update_spec("a", stopped=True, memoryCapture=True)
+    reconciler.reconcile(NS, "a")
+    reconciler.reconcile(NS, "a")
+    assert len(binder.named("capture")) == 1  # not tried again for this pod
+    (pod,) = kube.pods.values()
+    assert "deletionTimestamp" not in pod["metadata"] and not binder.named("discard")
+    status = kube.status("a")
+    condition = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert status["phase"] == "Running" and condition["reason"] == "MemoryCaptureFailed"
+    assert "runsc checkpoint failed" in condition["message"]
+    # Stopped without memory: it stops, and the next start is a cold one.
+    kube.update_spec("a", memoryCapture=False)
+    reconciler.reconcile(NS, "a")
+    kube.finish_deletions()
+    reconciler.reconcile(NS, "a")
+    assert kube.status("a")["phase"] == "Stopped"
+    kube.update_spec("a", stopped=False)
+    reconciler.reconcile(NS, "a")
+    assert len(kube.pods) == 1 and not binder.named("stage")
+
+
+def test_without_the_nodes_bind_api_a_stop_with_memory_says_so(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, _ = setup
+    reconciler.binder = None
+    kube.update_spec("a", stopped=True, memoryCapture=True)
+    reconciler.reconcile(NS, "a")
+    condition = next(c for c in kube.status("a")["conditions"] if c["type"] == "Ready")
+    assert condition["reason"] == "MemoryCaptureFailed" and "no bind token" in condition["message"]

@@ -1,0 +1,256 @@
+"""Memory images on the deployed platform's node (warren_blockd.memory): a sandbox whose
+state lives only in a process's memory is captured by the node's warren-blockd (runsc
+checkpoints its gVisor sandbox; the image goes to object storage as checksummed pieces,
+bound to the write record its workspace had proven in storage), its pod goes, and a new pod
+restored from the staged image carries on: the same process, its counter where it was, the
+same workspace. A stored piece with one flipped byte is refused before runsc reads any of
+it, and so is the image over the workspace once something wrote it after the capture."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import SYSTEM, WAIT_S, wait_for
+from kubernetes import client
+from kubernetes.stream import stream
+
+pytestmark = pytest.mark.workloads
+
+RESTORE_ANNOTATION = "dev.gvisor.internal.restore.image-path"  # warren_blockd.memory
+# A secret drawn once and a counter, both only in the shell's memory; the loop shows them
+# in /tmp/state (the sandbox's own memory-backed root) five times a second.
+COUNTER = r"""
+secret=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
+n=0
+while true; do
+  n=$((n + 1))
+  echo "$secret $n" > /tmp/state.new && mv /tmp/state.new /tmp/state
+  sleep 0.2
+done
+"""
+
+
+def pod_exec(core: client.CoreV1Api, pod: Any, command: list[str]) -> str:
+    return str(
+        stream(
+            core.connect_get_namespaced_pod_exec,
+            pod.metadata.name,
+            pod.metadata.namespace,
+            container="sandbox",
+            command=command,
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+        )
+    )
+
+
+def state(core: client.CoreV1Api, pod: Any) -> tuple[str, int]:
+    secret, count = pod_exec(core, pod, ["cat", "/tmp/state"]).split()
+    return secret, int(count)
+
+
+@pytest.fixture(scope="module")
+def binder(api: client.ApiClient) -> Any:
+    """The control plane's client of the nodes' warren-blockd, with the deployment's token."""
+    from warren_control.binder import Binder, BindOptions
+    from warren_control.kube import Kube
+
+    secret = client.CoreV1Api(api).read_namespaced_secret("warren-blockd-bind", SYSTEM)
+    token = base64.b64decode(secret.data["token"]).decode().strip()
+    return Binder(Kube(api), BindOptions(token=token))
+
+
+def base_image(api: client.ApiClient) -> str:
+    """The base template's image (the agent is in it: its pods have no init container, whose
+    second run a restore would not know what to do with)."""
+    deployment = client.AppsV1Api(api).read_namespaced_deployment("warren-control", SYSTEM)
+    args = deployment.spec.template.spec.containers[0].args
+    return next(a.split("=", 2)[2] for a in args if a.startswith("--template=base="))
+
+
+@pytest.fixture
+def counter(platform: Any, api: client.ApiClient) -> Iterator[tuple[str, str, Any]]:
+    """A running sandbox whose counter has counted: (sandbox id, workspace id, its pod)."""
+    core = client.CoreV1Api(api)
+    created = platform.create(base_image(api), command=["sh", "-c", COUNTER], cpu_millis=100, memory_mib=128)
+    sandbox_id = str(created.id)
+    try:
+        assert platform.wait_until(sandbox_id, "Running", timeout=WAIT_S).phase == "Running"
+        platform.run(sandbox_id, ["sh", "-c", "echo kept > /workspace/kept && sync"], timeout=60)
+        workspace = platform.workspace_proof(sandbox_id).workspace_id
+        pods = core.list_pod_for_all_namespaces(label_selector=f"warren.dev/workspace={workspace}").items
+        assert len(pods) == 1, f"one pod mounts workspace {workspace}"
+        wait_for("the counter to count", lambda: state(core, pods[0])[1] > 5)
+        yield sandbox_id, workspace, pods[0]
+    finally:
+        platform.delete(sandbox_id)
+        platform.wait_until(sandbox_id, "Deleted", timeout=WAIT_S)
+
+
+def restore_pod(core: client.CoreV1Api, original: Any, path: str) -> Any:
+    """The original pod made again under another name, restored from `path`: the same
+    containers and workspace volume, no postStart (the restored agent already runs), none
+    of the control plane's labels (it is this test's pod), the sandbox label the floor
+    keys on."""
+    spec = copy.deepcopy(core.api_client.sanitize_for_serialization(original.spec))
+    for container in spec["containers"]:
+        container.pop("lifecycle", None)
+    spec.pop("nodeName", None)
+    name = f"restored-{uuid.uuid4().hex[:8]}"
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"warren.dev/sandbox": "true"},
+            "annotations": {RESTORE_ANNOTATION: path},
+        },
+        "spec": {**spec, "restartPolicy": "Never"},
+    }
+    core.create_namespaced_pod(original.metadata.namespace, body)
+
+    def running() -> Any:
+        pod = core.read_namespaced_pod(name, original.metadata.namespace)
+        statuses = pod.status.container_statuses or []
+        ended = [s.state.terminated for s in statuses if s.state.terminated]
+        assert not ended, f"the restored pod's container ended: {ended}"
+        return pod if statuses and all(s.ready for s in statuses) else None
+
+    return wait_for(f"pod {name} restored", running, timeout=120)
+
+
+def deleting(core: client.CoreV1Api, pod: Any) -> bool:
+    try:
+        return (
+            core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace).metadata.deletion_timestamp
+            is not None
+        )
+    except client.ApiException as exc:
+        return exc.status == 404
+
+
+def gone(core: client.CoreV1Api, pod: Any) -> None:
+    core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+
+    def absent() -> bool:
+        try:
+            core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+        except client.ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(f"pod {pod.metadata.name} gone", absent, timeout=120)
+
+
+def flip_a_byte(core: client.CoreV1Api, image: str) -> str:
+    """Flip one byte of the first stored piece of `image`'s first file, in object storage,
+    through the node's warren-blockd and its own store client: the piece's key."""
+    blockd = core.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=warren-blockd").items[0]
+    args = blockd.spec.containers[0].args
+    store = next(a.split("=", 1)[1] for a in args if a.startswith("--store="))
+    endpoint = next((a.split("=", 1)[1] for a in args if a.startswith("--s3-endpoint=")), None)
+    script = f"""
+import json
+from warren_blockd.stores import open_store
+store = open_store({store!r}, {endpoint!r})
+doc = json.loads(store.get("images/{image}"))
+digest = doc["files"][0]["pieces"][0]
+key = "images/chunks/" + digest[:2] + "/" + digest
+data = bytearray(store.get(key))
+data[len(data) // 2] ^= 0x01
+store.put(key, bytes(data))
+print(key)
+"""
+    out = stream(
+        core.connect_get_namespaced_pod_exec,
+        blockd.metadata.name,
+        SYSTEM,
+        container="blockd",
+        command=["/opt/warren/blockd/bin/python", "-c", script],
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+    )
+    return str(out).strip().splitlines()[-1]
+
+
+def sandbox_status(api: client.ApiClient, pod: Any) -> dict[str, Any]:
+    """The status of the Sandbox resource that owns `pod`."""
+    owner = next(o for o in pod.metadata.owner_references if o.kind == "Sandbox")
+    found = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "warren.dev", "v1alpha1", pod.metadata.namespace, "sandboxes", owner.name
+    )
+    return dict(found.get("status") or {})
+
+
+def sealed_image(api: client.ApiClient, pod: Any) -> dict[str, Any] | None:
+    """The Sandbox's memory image record, once it names the write record it is sealed over."""
+    record = sandbox_status(api, pod).get("memoryImage") or {}
+    return dict(record) if "sealedSeq" in record else None
+
+
+def api_state(platform: Any, sandbox_id: str) -> tuple[str, int]:
+    secret, count = platform.read_file(sandbox_id, "/tmp/state").decode().split()
+    return secret, int(count)
+
+
+def test_a_paused_sandbox_resumes_with_its_memory_and_a_bad_image_is_refused(
+    api: client.ApiClient, platform: Any, binder: Any, counter: tuple[str, str, Any]
+) -> None:
+    from warren_control.binder import BindError
+
+    core = client.CoreV1Api(api)
+    sandbox_id, workspace, pod = counter
+    node = pod.spec.node_name
+
+    # Stop with memory: the controller has the node's warren-blockd capture the sandbox,
+    # then its pod goes; the Sandbox keeps the image's record, sealed over the workspace's
+    # write record once the pod is gone.
+    before = state(core, pod)
+    platform.stop(sandbox_id, memory=True)
+    assert platform.wait_until(sandbox_id, "Stopped", timeout=WAIT_S).phase == "Stopped"
+    pods = core.list_pod_for_all_namespaces(label_selector=f"warren.dev/workspace={workspace}").items
+    assert pods == [], "a paused sandbox holds no pod"
+    record = wait_for("the image sealed", lambda: sealed_image(api, pod))
+    print("memory image:", record)
+    assert re.fullmatch(r"[0-9a-f]{64}", record["image"]) and record["bytes"] > 0
+    assert record["workspace"] == workspace and record["sealedSeq"] >= record["workspaceSeq"]
+
+    # Start: a new pod restored from the image; the process carries on with what it held
+    # only in memory, read through the API (the restored agent answers).
+    platform.start(sandbox_id)
+    assert platform.wait_until(sandbox_id, "Running", timeout=WAIT_S).phase == "Running"
+    secret, count = api_state(platform, sandbox_id)
+    assert secret == before[0], "the restored process has the secret it drew before the pause"
+    assert count >= before[1], "the counter carried on from where it stood"
+    wait_for("the restored counter to count on", lambda: api_state(platform, sandbox_id)[1] > count)
+    assert platform.read_file(sandbox_id, "/workspace/kept") == b"kept\n"
+    restored = core.list_pod_for_all_namespaces(label_selector=f"warren.dev/workspace={workspace}").items
+    assert len(restored) == 1 and restored[0].metadata.annotations.get(RESTORE_ANNOTATION)
+    assert sandbox_status(api, restored[0]).get("restoredFrom") == record["image"]
+
+    # Written after the capture (the resumed sandbox writes, it stops and the newer record
+    # is proven): the image no longer fits the workspace and is refused by name.
+    platform.run(sandbox_id, ["sh", "-c", "echo later > /workspace/later && sync"], timeout=60)
+    platform.stop(sandbox_id)
+    assert platform.wait_until(sandbox_id, "Stopped", timeout=WAIT_S).phase == "Stopped"
+    sealed = int(record["sealedSeq"])
+    with pytest.raises(BindError, match=f"is valid over record {sealed}"):
+        binder.stage(node, record["image"], workspace, sealed)
+
+    # One flipped byte in storage: refused before any of it is used.
+    key = flip_a_byte(core, record["image"])
+    print("flipped a byte of", key)
+    with pytest.raises(BindError, match=r"piece [0-9a-f]{64} is corrupt"):
+        binder.stage(
+            node, record["image"], workspace, platform.workspace_proof(sandbox_id).replicated_sequence
+        )
