@@ -362,6 +362,12 @@ bench-coldpath: venv $(CONTROL)/.venv/.installed
 bench-exec: venv
 	bench/run-exec.sh
 
+# Pause with memory and resume against a cold start of the same image, on the deployed
+# platform (make deploy first); writes bench/results/pause.json.
+.PHONY: bench-pause
+bench-pause: venv
+	bench/run-pause.sh
+
 # Fork to Running for a 1 GiB and an 8 GiB workspace, create with an empty one (as root).
 bench-workspace: venv $(BLOCKD)/.venv/.installed
 	bench/run-workspace.sh

@@ -78,6 +78,7 @@ def test_sandbox_policy_fails_closed_and_covers_every_rule(objects: list[Obj]) -
             "host-path",
             "csi-driver",
             "workspace-owner",
+            "runtime-annotations",
             "privileged",
             "privilege-escalation",
             "capabilities",

@@ -233,8 +233,9 @@ def test_pause_and_connect(e2b_stack: Stack, standin: StandIn) -> None:
     object_name = record(e2b_stack, sandbox.sandbox_id).object_name
     token = sandbox._envd_access_token
 
-    # Memory is not kept yet: asking for it is refused by name, the filesystem pause works.
-    with pytest.raises(SandboxException, match="cannot keep a paused sandbox's memory"):
+    # This deployment keeps no memory: asking for it is refused by name, the filesystem
+    # pause works.
+    with pytest.raises(SandboxException, match="keeps no paused sandbox's memory"):
         sandbox.pause(mode="full")
     assert sandbox.pause() is True
     assert standin.get(object_name)["spec"]["stopped"] is True
@@ -252,6 +253,24 @@ def test_pause_and_connect(e2b_stack: Stack, standin: StandIn) -> None:
     sandbox.kill()
     with pytest.raises(SandboxNotFoundException):
         Sandbox.connect(sandbox.sandbox_id, **org.opts)
+
+
+def test_where_memory_is_kept_e2bs_pause_keeps_it_and_a_reboot_starts_cold(
+    stack_url: str, standin: StandIn
+) -> None:
+    with serve_stack(stack_url, standin, templates=TEMPLATES, start_wait_s=0, memory_capture=True) as served:
+        org = new_org(served)
+        sandbox = Sandbox.create("base", **org.opts)
+        object_name = record(served, sandbox.sandbox_id).object_name
+        assert sandbox.pause() is True  # E2B's default: memory and filesystem
+        spec = standin.get(object_name)["spec"]
+        assert spec["stopped"] is True and spec["memoryCapture"] is True
+        Sandbox.connect(sandbox.sandbox_id, **org.opts)  # on_resume "restore": from the memory
+        assert standin.get(object_name)["spec"]["coldStart"] is False
+        assert sandbox.pause(mode="filesystem") is True
+        assert standin.get(object_name)["spec"]["memoryCapture"] is False
+        Sandbox.connect(sandbox.sandbox_id, on_resume="reboot", **org.opts)
+        assert standin.get(object_name)["spec"]["coldStart"] is True
 
 
 def test_fork_gives_one_result_per_child(e2b_stack: Stack, standin: StandIn) -> None:

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
-from api_stack import NAMESPACE, Stack, StandIn, settings_for
+from api_stack import NAMESPACE, Stack, StandIn, serve_stack, settings_for
 from warren_control.api.cluster import Cluster
 from warren_control.models import Sandbox, SandboxPhase, utcnow
 from warren_control.reaper import Reaper, ReaperOptions, verdict
+from warren_control.sdk import WarrenError
 
 pytest_plugins = ["api_fixtures"]
 
@@ -130,3 +131,32 @@ def test_an_unreachable_cluster_leaves_the_sandbox_for_the_next_sweep(stack: Sta
     healthy.sweep(when)
     assert record(stack, box.id).phase is SandboxPhase.TERMINATING
     assert standin.get(stack.object_name(box.id), NAMESPACE) is None
+
+
+def test_a_sandbox_that_pauses_on_idle_is_paused_and_the_next_exec_wakes_it(
+    stack_url: str, standin: StandIn
+) -> None:
+    with serve_stack(stack_url, standin, memory_capture=True, start_wait_s=0) as pausing:
+        reaper = Reaper(pausing.sessions, Cluster(settings_for(pausing.url, standin)))
+        org = pausing.org(idle_timeout_s=HOUR)
+        box = org.client.create(IMAGE, on_idle="pause")
+        assert box.spec["on_idle"] == "pause"
+        reaper.sweep(utcnow() + timedelta(hours=2))
+        paused = record(pausing, box.id)
+        assert paused.phase is not SandboxPhase.TERMINATING and paused.spec["stopped"] is True
+        assert [c["message"] for c in paused.conditions if c["type"] == "Reaped"][0].startswith("paused")
+        spec = standin.get(pausing.object_name(box.id))["spec"]
+        assert spec["stopped"] is True and spec["memoryCapture"] is True
+        # Used again: the exec resumes it (no controller runs here, so the exec then says
+        # it is still resuming; the cluster tier runs it through).
+        with pytest.raises(WarrenError, match="still resuming"):
+            org.client.run(box.id, ["true"])
+        spec = standin.get(pausing.object_name(box.id))["spec"]
+        assert spec["stopped"] is False and spec["coldStart"] is False
+        assert record(pausing, box.id).spec["stopped"] is False
+
+
+def test_pausing_on_idle_needs_memory_capture(stack: Stack) -> None:
+    org = stack.org()
+    with pytest.raises(WarrenError, match="on_idle pause.*memory capture is off"):
+        org.client.create(IMAGE, on_idle="pause")

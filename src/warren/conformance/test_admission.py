@@ -190,6 +190,12 @@ POD_CASES = [
     Case("token-projected-volume", "service-account-token", _volume(TOKEN_VOLUME)),
     # Anyone but the controller naming a workspace (here: the suite's own admin identity).
     Case("workspace-not-from-the-controller", "workspace-owner", _volume(WORKSPACE_VOLUME)),
+    # Anyone but the controller asking runsc to restore the sandbox from a host path.
+    Case(
+        "restore-not-from-the-controller",
+        "runtime-annotations",
+        _annotation("dev.gvisor.internal.restore.image-path", "/etc"),
+    ),
     # The rest of the Pod Security baseline, which the policy enforces by itself.
     # The API itself wants hostNetwork with a host process; the policy names the host
     # process first.

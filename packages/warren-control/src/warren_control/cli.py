@@ -398,6 +398,7 @@ def sandbox_create(client: Client, args: argparse.Namespace) -> int:
         max_lifetime_s=args.max_lifetime,
         workspace_size_gib=args.workspace_size_gib,
         workspace_template=args.template,
+        **({"on_idle": args.on_idle} if args.on_idle else {}),
     )
     if args.wait:
         sandbox = _wait(client, args, sandbox.id, "Running")
@@ -478,7 +479,7 @@ def sandbox_exec(client: Client, args: argparse.Namespace) -> int:
 
 
 def sandbox_stop(client: Client, args: argparse.Namespace) -> int:
-    sandbox = client.stop(args.id)
+    sandbox = client.stop(args.id, memory=args.memory)
     if args.wait:
         sandbox = _wait(client, args, args.id, "Stopped")
     _show(sandbox, args)
@@ -486,7 +487,7 @@ def sandbox_stop(client: Client, args: argparse.Namespace) -> int:
 
 
 def sandbox_start(client: Client, args: argparse.Namespace) -> int:
-    sandbox = client.start(args.id)
+    sandbox = client.start(args.id, cold=args.cold)
     if args.wait:
         sandbox = _wait(client, args, args.id, "Running")
     _show(sandbox, args)
@@ -693,6 +694,8 @@ def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command 
     create.add_argument("--max-lifetime", type=int, help="seconds")
     create.add_argument("--workspace-size-gib", type=int)
     create.add_argument("--template", help="a workspace id to start from")
+    idle = "what the idle timeout does (pause keeps memory)"
+    create.add_argument("--on-idle", choices=["delete", "stop", "pause"], help=idle)
     with_wait(create)
 
     action("get", sandbox_get, "show a sandbox").add_argument("id")
@@ -715,10 +718,12 @@ def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command 
 
     stop = action("stop", sandbox_stop, "stop a sandbox (its workspace stays)")
     stop.add_argument("id")
+    stop.add_argument("--memory", action="store_true", help="keep its processes' memory")
     with_wait(stop)
 
     start = action("start", sandbox_start, "start a stopped sandbox")
     start.add_argument("id")
+    start.add_argument("--cold", action="store_true", help="start afresh even where its memory was kept")
     with_wait(start)
 
     read = action("read-file", sandbox_read_file, "print a file of a sandbox")

@@ -3,9 +3,11 @@
 - Past its hard lifetime (`expires_at`, fixed at creation: the organization's maximum, 7 days
   by default, or less on request) a sandbox is deleted, persistent or not.
 - Past its idle deadline (last activity plus its idle timeout, 24 hours by default; exec,
-  files, keep-alive and start are activity) a sandbox is deleted, unless it is persistent:
-  then it is stopped instead (its pod goes, its workspace stays) and its idle timer pauses
-  until someone starts it again. An abandoned persistent sandbox still dies at its lifetime.
+  files, keep-alive and start are activity) a sandbox does what it was created with
+  (`on_idle`): deleted (the default), stopped (the default for a persistent one: its pod
+  goes, its workspace stays) or paused (stopped with its memory captured: the next exec,
+  file call or start resumes it); a stopped or paused sandbox's idle timer waits until it
+  runs again. An abandoned sandbox still dies at its lifetime.
 
 - A deleted sandbox's workspace is kept in object storage for the retention period (7 days by
   default: a new sandbox may still start from it, as a template), then released: its
@@ -36,7 +38,7 @@ from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore, Works
 
 log = logging.getLogger(__name__)
 
-Action = Literal["delete", "stop"]
+Action = Literal["delete", "stop", "pause"]
 Reason = Literal["lifetime", "idle"]
 
 
@@ -63,14 +65,24 @@ def verdict(record: Sandbox, now: datetime) -> tuple[Action, Reason] | None:
     if record.expires_at <= now:
         return "delete", "lifetime"
     if record.idle_deadline_at is not None and record.idle_deadline_at <= now:
-        return ("stop" if record.spec.get("persistent") else "delete"), "idle"
+        default: Action = "stop" if record.spec.get("persistent") else "delete"
+        return _ON_IDLE.get(str(record.spec.get("on_idle")), default), "idle"
     return None
 
 
 _MESSAGES = {
     ("delete", "lifetime"): "deleted by the reaper: the sandbox reached its maximum lifetime",
     ("delete", "idle"): "deleted by the reaper: the sandbox was idle past its idle timeout",
-    ("stop", "idle"): "stopped by the reaper: idle past its idle timeout (persistent: the workspace stays)",
+    ("stop", "idle"): "stopped by the reaper: idle past its idle timeout (the workspace stays)",
+    ("pause", "idle"): "paused by the reaper: idle past its idle timeout (memory and workspace kept; "
+    "the next exec, file call or start resumes it)",
+}
+
+
+_ON_IDLE: dict[str, Action] = {"delete": "delete", "stop": "stop", "pause": "pause"}
+_STOPS: dict[Action, dict[str, bool]] = {
+    "stop": {"stopped": True, "memoryCapture": False},
+    "pause": {"stopped": True, "memoryCapture": True},
 }
 
 
@@ -114,7 +126,7 @@ class Reaper:
         try:
             if due.action == "delete":
                 self.cluster.delete(due.object_name)
-            elif self.cluster.patch(due.object_name, {"spec": {"stopped": True}}) is None:
+            elif self.cluster.patch(due.object_name, {"spec": _STOPS[due.action]}) is None:
                 log.info("%s has no resource to stop; the mirror retires its record", due.sandbox_id)
         except ClusterError as exc:
             log.warning("reaping %s failed, retrying next sweep: %s", due.sandbox_id, exc)

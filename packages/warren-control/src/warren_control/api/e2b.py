@@ -10,9 +10,11 @@ then do what the /v1 routes do, through the same ApiService, with E2B's names an
 - `templateID` names a template the operator configured (`serve --template NAME=IMAGE`);
 - `timeout` is the sandbox's end time from now, enforced by the reaper; `POST
   .../timeout` moves it, within the organization's longest lifetime;
-- pause is Warren's stop: the workspace stays and the processes end. Memory is not captured
-  yet, so a request that asks for memory explicitly (`memory: true`) is refused as an
-  unsupported capability; the API's default (the field left out) is a filesystem pause;
+- pause is Warren's stop: the workspace stays; where the deployment captures memory
+  (`serve --memory-capture`) the processes' memory is kept too, as E2B's pause keeps it, and
+  connect or resume restores them (`memory: false` asks for a filesystem pause). Where it
+  does not, the processes end, and a request that asks for memory (`memory: true`) is refused
+  as an unsupported capability;
 - errors are E2B's `{"code": status, "message": text}`.
 
 Requests E2B's API accepts but this deployment cannot carry out exactly (auto-pause, a
@@ -540,17 +542,21 @@ def refresh(sandbox_id: str, who: Who, api: Api, body: RefreshBody | None = None
 
 @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
 def pause(sandbox_id: str, who: Who, api: Api, body: PauseBody | None = None) -> Response:
-    if body is not None and body.memory:
+    asked = body.memory if body is not None else None
+    if asked and not api.settings.memory_capture:
         raise ApiError(
             400,
             "unsupported_capability",
-            "memory: this deployment cannot keep a paused sandbox's memory yet; pause with "
-            'mode="filesystem" (memory false, or left out): the filesystem stays, processes end',
+            "memory: this deployment keeps no paused sandbox's memory (memory capture is off); "
+            'pause with mode="filesystem" (memory false, or left out): the filesystem stays, '
+            "processes end",
         )
     if _state(record(api, who, sandbox_id)) == "paused":
         raise ApiError(409, "conflict", f"sandbox {sandbox_id} is already paused")
     api.need_workspaces("pausing (only the workspace outlives the processes)")
-    api.set_stopped(who, warren_id(sandbox_id), True)
+    # E2B's pause keeps memory: so does Warren's where it can, unless asked not to.
+    memory = api.settings.memory_capture if asked is None else asked
+    api.set_stopped(who, warren_id(sandbox_id), True, memory=memory)
     return Response(status_code=204)
 
 
@@ -561,7 +567,9 @@ def connect(api: ApiService, sandbox_id: str, who: Identity, body: ConnectBody |
         set_end(api, who, sandbox_id, timeout, only_later=True)
         return JSONResponse(shapes(api).sandbox(answer), status_code=200)
     set_end(api, who, sandbox_id, timeout)
-    api.set_stopped(who, warren_id(sandbox_id), False)
+    # on_resume="reboot" (memory false): start afresh from the files, not from the memory.
+    cold = body is not None and body.memory is False
+    api.set_stopped(who, warren_id(sandbox_id), False, cold=cold)
     return JSONResponse(shapes(api).sandbox(running(api, who, answer["id"])), status_code=201)
 
 

@@ -215,9 +215,17 @@ class ApiService:
                 raise unsupported("gpu", "this deployment has no GPUs")
             raise unsupported("gpu", "this version of the controller cannot attach GPUs to a sandbox")
         if body.memory_capture:
+            raise unsupported(
+                "memory_capture",
+                'memory is captured by a stop that asks for it ({"memory_capture": true}) or, '
+                'past the idle timeout, for a sandbox created with on_idle "pause"',
+            )
+        if body.on_idle == "pause":
             if not self.settings.memory_capture:
-                raise unsupported("memory_capture", "memory capture is off on this deployment")
-            raise unsupported("memory_capture", "this version cannot capture a gVisor sandbox's memory")
+                raise unsupported("on_idle pause", "memory capture is off on this deployment")
+            self.need_workspaces("pausing on idle (the workspace outlives the processes)")
+        if body.on_idle == "stop":
+            self.need_workspaces("stopping on idle (only the workspace outlives the processes)")
         if body.workspace is not None:
             self.need_workspaces("a workspace size or template")
 
@@ -245,6 +253,7 @@ class ApiService:
             "memory_mib": body.memory_mib,
             "persistent": body.persistent,
             "idle_timeout_s": idle,
+            "on_idle": body.on_idle,
             "max_lifetime_s": lifetime,
             "runtime": RUNTIME,
             "stopped": False,
@@ -406,14 +415,55 @@ class ApiService:
         return name, uid, pod
 
     def target(self, who: Identity, sandbox_id: str) -> Target:
-        """The running pod of a sandbox, for exec and files; touches its idle timer."""
+        """The running pod of a sandbox, for exec and files (resumed first if its idle
+        timeout paused it); touches its idle timer."""
         with self.sessions.begin() as session:
-            object_name = self.find(session, who, sandbox_id).object_name
+            record = self.find(session, who, sandbox_id)
+            object_name, paused = record.object_name, wakes(record)
+        if paused:
+            self.wake(record.id, object_name)
         name, uid, pod = self.running_pod(object_name)
         with self.sessions.begin() as session:
             store.keep_alive(session, who.org, sandbox_id)
         agent = self.agent_in(pod, sandbox_id)
         return Target(pod=name, names=(name, object_name, uid, self.settings.namespace), agent=agent)
+
+    def wake(self, sandbox_id: str, object_name: str) -> None:
+        """Resume a sandbox its idle timeout paused, for the call that uses it, waiting at
+        most the deployment's start wait: its processes come back from their memory."""
+        if self.cluster.patch(object_name, {"spec": {"stopped": False, "coldStart": False}}) is None:
+            raise ApiError(409, "not_running", "the cluster holds nothing for this sandbox")
+        with self.sessions.begin() as session:
+            record = session.get(Sandbox, sandbox_id)
+            if record is not None:
+                record.spec = {**record.spec, "stopped": False}
+                record.touch()
+        log.info("waking %s: paused on idle, used again", sandbox_id)
+        deadline = time.monotonic() + self.settings.start_wait_s
+        while True:
+            obj = self.cluster.read(object_name) or {}
+            phase, reason, current = start_report(obj)
+            if phase == SandboxPhase.RUNNING.value and current:
+                return
+            left = deadline - time.monotonic()
+            if start_ended(obj) or left <= 0:
+                conditions = (obj.get("status") or {}).get("conditions") or []
+                ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+                meta = obj.get("metadata") or {}
+                why = scrub(
+                    f"{reason or phase or 'Pending'}: {ready.get('message') or 'resuming'}",
+                    object_name,
+                    self.settings.namespace,
+                    sandbox_pod_name(obj),
+                    str(meta.get("uid") or "-"),
+                )
+                if left <= 0:
+                    raise ApiError(504, "timeout", f"the sandbox is still resuming ({why}); try again")
+                raise ApiError(409, "not_running", f"the sandbox paused on idle could not resume: {why}")
+            if (obj.get("metadata") or {}).get("resourceVersion"):
+                self.cluster.watch_start(object_name, obj, left)
+            else:
+                time.sleep(min(0.2, left))
 
     def agent_in(self, pod: Obj, sandbox_id: str) -> agentclient.Agent | None:
         """The agent of a sandbox's running pod, if the pod has one."""
@@ -432,8 +482,10 @@ class ApiService:
             record = session.get(Sandbox, sandbox_id) if SANDBOX_ID.fullmatch(sandbox_id) else None
             if record is None or record.deleted_at is not None or org not in (None, record.org_id):
                 raise not_found(sandbox_id)
-            object_name, owner = record.object_name, record.org_id
+            object_name, owner, paused = record.object_name, record.org_id, wakes(record)
             record.touch()
+        if paused:
+            self.wake(sandbox_id, object_name)
         _, _, pod = self.running_pod(object_name)
         address = (pod.get("status") or {}).get("podIP")
         if not address:
@@ -611,6 +663,11 @@ class ApiService:
                 record.touch()  # starting is activity, and restarts a timer the reaper paused
             session.flush()
             return self.public(record)
+
+
+def wakes(record: Sandbox) -> bool:
+    """Whether using the sandbox resumes it: it is stopped, and pauses on idle."""
+    return bool(record.spec.get("stopped") and record.spec.get("on_idle") == "pause")
 
 
 def check_lifetime(org: Organization, seconds: int) -> None:

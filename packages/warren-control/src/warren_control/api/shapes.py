@@ -45,6 +45,9 @@ class WorkspaceRequest(Strict):
     )
 
 
+OnIdle = Literal["delete", "stop", "pause"]
+
+
 class CreateSandboxRequest(Strict):
     image: str = Field(
         min_length=1, max_length=512, pattern=r"^[\x21-\x7e]+$", description="OCI image reference."
@@ -63,7 +66,17 @@ class CreateSandboxRequest(Strict):
     runtime: Text = Field(default=RUNTIME, max_length=64, description="Only gvisor.")
     gpu: int = Field(default=0, ge=0, le=64, description="GPUs; refused where the deployment has none.")
     memory_capture: bool = Field(
-        default=False, description="Capture memory on stop; refused where the deployment cannot."
+        default=False,
+        description="Refused: memory is captured by a stop that asks for it, or on idle (on_idle: pause).",
+    )
+    on_idle: OnIdle | None = Field(
+        default=None,
+        description=(
+            "What the reaper does past the idle timeout: delete (the default), stop (the default "
+            "for a persistent sandbox: the workspace stays) or pause (stop with the processes' "
+            "memory captured, where the deployment can; the next exec, file call or start "
+            "resumes it)."
+        ),
     )
 
 
@@ -123,6 +136,7 @@ class SpecOut(BaseModel):
     max_lifetime_s: int
     runtime: str
     stopped: bool = False
+    on_idle: str | None = None
     workspace: WorkspaceOut | None = None
     forked_from: str | None = None
 

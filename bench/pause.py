@@ -1,0 +1,173 @@
+"""Pause and resume with memory against a cold start of the same image, on the deployed
+platform, in one run. Writes bench/results/pause.json.
+
+    python bench/pause.py --url URL --api-key-file F --kubeconfig K [--samples 5] [--hold-mib 32]
+
+Each sample is one sandbox of the base template's image (the agent in it, as a memory
+capture needs) running a shell that holds `--hold-mib` of random bytes in memory (a tmpfs
+file in the gVisor sandbox's own memory, which does not compress) and counts:
+
+- cold_create_to_exec: create (a command of its own: never a warm pool's pod) until a
+  command run through the API answers;
+- pause: a stop with memory capture until the sandbox reads Stopped and its image is sealed
+  over its workspace's write record (the capture, the pod's end, the proof in storage);
+- resume: a start until a command run through the API answers, read from the restored
+  process (its counter carried on from where it stood, or the sample fails).
+
+`image_mib_per_rss_mib` is the stored image's size over the sandbox's memory in use as
+its own /proc/meminfo reports it at the pause. `resume_over_cold` is the ratio the issue
+bounds. Resume on another node needs a second node: with one, it is null and says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from warren_control.kube import Kube
+from warren_control.podspec import GROUP, PLURAL, VERSION
+from warren_control.sdk import Client, WarrenError
+
+RESULTS = Path(__file__).parent / "results" / "pause.json"
+SYSTEM = "warren-system"
+WAIT_S = 300.0
+COUNT = "/tmp/count"  # noqa: S108  # inside the sandbox, in its own memory
+HOLD = r"""
+head -c {mib}M /dev/urandom > /tmp/held
+n=0
+while true; do n=$((n + 1)); echo $n > {count}; sleep 0.2; done
+"""
+
+
+def base_image(kube: Kube) -> str:
+    """The base template's image, from the control plane's own arguments."""
+    deployment = kube.request("GET", f"/apis/apps/v1/namespaces/{SYSTEM}/deployments/warren-control")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return next(a.split("=", 2)[2] for a in args if a.startswith("--template=base="))
+
+
+def memory_image(kube: Kube, workspace: str) -> dict[str, Any] | None:
+    """The sealed memory image record of the Sandbox resource with this workspace."""
+    listed = kube.request("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")
+    for item in listed.get("items") or []:
+        if ((item.get("spec") or {}).get("workspace") or {}).get("id") == workspace:
+            record = (item.get("status") or {}).get("memoryImage") or {}
+            return dict(record) if "sealedSeq" in record else None
+    raise SystemExit(f"bench-pause: no Sandbox resource with workspace {workspace} in this cluster")
+
+
+def until(what: str, check: Any, timeout: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench-pause: {what} did not happen within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def answers(warren: Client, sandbox_id: str) -> int | None:
+    try:
+        done = warren.run(sandbox_id, ["cat", COUNT], timeout=30)
+    except WarrenError:  # not running yet: the next try tells
+        return None
+    return int(done.stdout) if done.exit_code == 0 and done.stdout.strip() else None
+
+
+def in_use_mib(warren: Client, sandbox_id: str) -> float:
+    meminfo = warren.run(sandbox_id, ["cat", "/proc/meminfo"], timeout=30).stdout.decode()
+    fields = {line.split(":")[0]: int(line.split()[1]) for line in meminfo.splitlines() if line.strip()}
+    return (fields["MemTotal"] - fields["MemAvailable"]) / 1024
+
+
+def sample(warren: Client, kube: Kube, image: str, hold_mib: int) -> dict[str, float]:
+    began = time.perf_counter()
+    created = warren.create(
+        image, command=["sh", "-c", HOLD.format(mib=hold_mib, count=COUNT)], memory_mib=256
+    )
+    try:
+        until("the cold sandbox answers", lambda: answers(warren, created.id))
+        cold_ms = (time.perf_counter() - began) * 1000
+        until("the held memory is written", lambda: (answers(warren, created.id) or 0) > 3)
+        rss = in_use_mib(warren, created.id)
+        before = answers(warren, created.id) or 0
+        workspace = warren.workspace_proof(created.id).workspace_id
+
+        began = time.perf_counter()
+        warren.stop(created.id, memory=True)
+        record = until("the memory image sealed", lambda: memory_image(kube, workspace))
+        pause_ms = (time.perf_counter() - began) * 1000
+
+        began = time.perf_counter()
+        warren.start(created.id)
+        count = until("the resumed sandbox answers", lambda: answers(warren, created.id))
+        resume_ms = (time.perf_counter() - began) * 1000
+        if count < before:
+            raise SystemExit(f"bench-pause: the resumed counter read {count}, below {before}: not restored")
+        return {
+            "cold_ms": cold_ms,
+            "pause_ms": pause_ms,
+            "resume_ms": resume_ms,
+            "image_mib": int(record["bytes"]) / (1 << 20),
+            "rss_mib": rss,
+        }
+    finally:
+        warren.delete(created.id)
+
+
+def nodes(kube: Kube) -> int:
+    return len(kube.request("GET", "/api/v1/nodes").get("items") or [])
+
+
+def measure(url: str, key: str, kubeconfig: str, samples: int, hold_mib: int) -> dict[str, Any]:
+    kube = Kube.connect(kubeconfig)
+    image = base_image(kube)
+    with Client(url, key, timeout=60.0) as warren:
+        runs = [sample(warren, kube, image, hold_mib) for _ in range(samples)]
+    p50 = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+    count = nodes(kube)
+    return {
+        "samples": samples,
+        "hold_mib": hold_mib,
+        "image": image,
+        "pause_ms_p50": round(p50["pause_ms"], 1),
+        "resume_ms_p50": round(p50["resume_ms"], 1),
+        "cold_create_to_exec_ms_p50": round(p50["cold_ms"], 1),
+        "resume_over_cold": round(p50["resume_ms"] / p50["cold_ms"], 3),
+        "image_mib_p50": round(p50["image_mib"], 1),
+        "rss_mib_p50": round(p50["rss_mib"], 1),
+        "image_mib_per_rss_mib": round(p50["image_mib"] / p50["rss_mib"], 3),
+        "resume_other_node_ms_p50": None,
+        "resume_other_node": (
+            f"not measured: this cluster has {count} node(s); a resume restores on the node "
+            "that captured the image"
+        ),
+        "runs": [{k: round(v, 1) for k, v in run.items()} for run in runs],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--url", required=True, help="the edge's URL")
+    parser.add_argument("--api-key-file", required=True, help="a file holding a Warren API key")
+    parser.add_argument("--kubeconfig", required=True, help="the cluster's admin kubeconfig")
+    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--hold-mib", type=int, default=32)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    key = Path(args.api_key_file).read_text().strip()
+    result = measure(args.url, key, args.kubeconfig, args.samples, args.hold_mib)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
