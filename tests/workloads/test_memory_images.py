@@ -13,6 +13,7 @@ import copy
 import re
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -76,11 +77,12 @@ def base_image(api: client.ApiClient) -> str:
     return next(a.split("=", 2)[2] for a in args if a.startswith("--template=base="))
 
 
-@pytest.fixture
-def counter(platform: Any, api: client.ApiClient) -> Iterator[tuple[str, str, Any]]:
+@contextmanager
+def counting(platform: Any, api: client.ApiClient, **options: Any) -> Iterator[tuple[str, str, Any]]:
     """A running sandbox whose counter has counted: (sandbox id, workspace id, its pod)."""
     core = client.CoreV1Api(api)
-    created = platform.create(base_image(api), command=["sh", "-c", COUNTER], cpu_millis=100, memory_mib=128)
+    command = ["sh", "-c", COUNTER]
+    created = platform.create(base_image(api), command=command, cpu_millis=100, memory_mib=128, **options)
     sandbox_id = str(created.id)
     try:
         assert platform.wait_until(sandbox_id, "Running", timeout=WAIT_S).phase == "Running"
@@ -93,6 +95,12 @@ def counter(platform: Any, api: client.ApiClient) -> Iterator[tuple[str, str, An
     finally:
         platform.delete(sandbox_id)
         platform.wait_until(sandbox_id, "Deleted", timeout=WAIT_S)
+
+
+@pytest.fixture
+def counter(platform: Any, api: client.ApiClient) -> Iterator[tuple[str, str, Any]]:
+    with counting(platform, api) as made:
+        yield made
 
 
 def restore_pod(core: client.CoreV1Api, original: Any, path: str) -> Any:
@@ -226,7 +234,7 @@ def test_a_paused_sandbox_resumes_with_its_memory_and_a_bad_image_is_refused(
     assert record["workspace"] == workspace and record["sealedSeq"] >= record["workspaceSeq"]
 
     # Start: a new pod restored from the image; the process carries on with what it held
-    # only in memory, read through the API (the restored agent answers).
+    # only in memory, read through the API.
     platform.start(sandbox_id)
     assert platform.wait_until(sandbox_id, "Running", timeout=WAIT_S).phase == "Running"
     secret, count = api_state(platform, sandbox_id)
@@ -236,6 +244,9 @@ def test_a_paused_sandbox_resumes_with_its_memory_and_a_bad_image_is_refused(
     assert platform.read_file(sandbox_id, "/workspace/kept") == b"kept\n"
     restored = core.list_pod_for_all_namespaces(label_selector=f"warren.dev/workspace={workspace}").items
     assert len(restored) == 1 and restored[0].metadata.annotations.get(RESTORE_ANNOTATION)
+    # The agent (an exec of the runtime's, which a restore does not bring back) was started
+    # afresh in the restored sandbox by its postStart hook.
+    assert "/warren/agent" in pod_exec(core, restored[0], ["ps", "-o", "args"])
     assert sandbox_status(api, restored[0]).get("restoredFrom") == record["image"]
 
     # Written after the capture (the resumed sandbox writes, it stops and the newer record
@@ -254,3 +265,25 @@ def test_a_paused_sandbox_resumes_with_its_memory_and_a_bad_image_is_refused(
         binder.stage(
             node, record["image"], workspace, platform.workspace_proof(sandbox_id).replicated_sequence
         )
+
+
+def test_an_idle_sandbox_that_pauses_is_paused_and_its_next_exec_resumes_it(
+    api: client.ApiClient, platform: Any
+) -> None:
+    core = client.CoreV1Api(api)
+    with counting(platform, api, on_idle="pause", idle_timeout_s=60) as (sandbox_id, workspace, pod):
+        before = state(core, pod)
+        # The reaper (every few seconds) pauses it once a minute passes with no use.
+        paused = platform.wait_until(sandbox_id, "Stopped", timeout=WAIT_S)
+        assert paused.phase == "Stopped"
+        print("paused:", paused.conditions)
+        wait_for("the image sealed", lambda: sealed_image(api, pod))  # paused, not only stopped
+        listed = core.list_pod_for_all_namespaces(label_selector=f"warren.dev/workspace={workspace}").items
+        assert listed == [], "a paused sandbox holds no pod"
+        # An exec is use: it resumes the sandbox and then runs, in the restored process's
+        # sandbox (the counter carried on).
+        done = platform.run(sandbox_id, ["cat", "/tmp/state"], timeout=120)
+        assert done.exit_code == 0, done
+        secret, count = done.stdout.decode().split()
+        assert secret == before[0] and int(count) >= before[1]
+        assert platform.get(sandbox_id).phase == "Running"

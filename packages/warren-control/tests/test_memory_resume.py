@@ -13,7 +13,7 @@ from test_controller import NS, FakeKube, run
 from warren_control.binder import BindError
 from warren_control.controller import ControllerOptions, Reconciler
 from warren_control.kube import Obj
-from warren_control.podspec import RESTORE_ANNOTATION, RESTORED_AGENT_ANNOTATION
+from warren_control.podspec import RESTORE_ANNOTATION
 
 IMAGE = "ab" * 32
 WORKSPACE = {"id": "ws-a", "size": "10Gi"}
@@ -107,8 +107,6 @@ def test_a_start_restores_a_new_pod_from_the_image_on_its_node(
         "nodeSelectorTerms"
     ]
     assert term["matchFields"][0]["values"] == ["node-b"]  # where the image is staged
-    assert all("lifecycle" not in c for c in pod["spec"]["containers"])
-    assert RESTORED_AGENT_ANNOTATION not in notes  # this sandbox runs no agent
     run(pod)
     reconciler.reconcile(NS, "a")
     status = kube.status("a")

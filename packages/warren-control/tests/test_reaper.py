@@ -144,7 +144,7 @@ def test_a_sandbox_that_pauses_on_idle_is_paused_and_the_next_exec_wakes_it(
         reaper.sweep(utcnow() + timedelta(hours=2))
         paused = record(pausing, box.id)
         assert paused.phase is not SandboxPhase.TERMINATING and paused.spec["stopped"] is True
-        assert [c["message"] for c in paused.conditions if c["type"] == "Reaped"][0].startswith("paused")
+        assert next(c["message"] for c in paused.conditions if c["type"] == "Reaped").startswith("paused")
         spec = standin.get(pausing.object_name(box.id))["spec"]
         assert spec["stopped"] is True and spec["memoryCapture"] is True
         # Used again: the exec resumes it (no controller runs here, so the exec then says
@@ -158,5 +158,5 @@ def test_a_sandbox_that_pauses_on_idle_is_paused_and_the_next_exec_wakes_it(
 
 def test_pausing_on_idle_needs_memory_capture(stack: Stack) -> None:
     org = stack.org()
-    with pytest.raises(WarrenError, match="on_idle pause.*memory capture is off"):
+    with pytest.raises(WarrenError, match=r"on_idle pause.*memory capture is off"):
         org.client.create(IMAGE, on_idle="pause")

@@ -61,9 +61,8 @@ FINALIZER = "warren.dev/controller"
 
 # On a pod made to resume a sandbox from its memory image: runsc restores every container of
 # the pod from this directory on the node instead of starting it (gVisor patch 0003; the
-# runtime passes dev.gvisor.* pod annotations on). Its agent runs already, restored with it.
+# runtime passes dev.gvisor.* pod annotations on).
 RESTORE_ANNOTATION = "dev.gvisor.internal.restore.image-path"
-RESTORED_AGENT_ANNOTATION = "warren.dev/restored-agent"
 
 CONTAINER = "sandbox"
 # The agent (agent/ in the repository) reaches every sandbox the same way, whatever its image:
@@ -686,30 +685,26 @@ def _add_agent_volume(pod_spec: Obj, container: Obj, options: PodOptions) -> Non
 
 def restored_from(pod: Obj, image_path: str) -> Obj:
     """`pod` (as pod_for makes it) restored from the memory image staged at `image_path` on
-    its node: every process comes back as it was, the agent among them, so nothing is started
-    after it (no postStart). Only a pod whose containers all ran when it was captured can be
-    restored: an init container would be started again."""
+    its node: the image's processes come back as they were. Processes the runtime started
+    with an exec (the agent, from its postStart hook) are not among them, so the hook runs
+    again and starts a fresh agent. Only a pod whose containers all ran when it was captured
+    can be restored: an init container would be started again."""
     if (pod.get("spec") or {}).get("initContainers"):
         raise SandboxSpecError(
             "memory capture needs an image with the agent in it (the base template's): "
             "this sandbox's agent is copied in by an init container"
         )
     restored = copy.deepcopy(pod)
-    notes = restored["metadata"].setdefault("annotations", {})
-    notes[RESTORE_ANNOTATION] = image_path
-    if has_agent(pod):
-        notes[RESTORED_AGENT_ANNOTATION] = "true"
-    for container in restored["spec"]["containers"]:
-        container.pop("lifecycle", None)
+    restored["metadata"].setdefault("annotations", {})[RESTORE_ANNOTATION] = image_path
     return restored
 
 
 def has_agent(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod's sandbox runs the agent: copied in by its init container, started
-    from the image (PodOptions.agent_in_images), or restored with its sandbox."""
+    """Whether the pod's sandbox runs the agent: copied in by its init container, or started
+    from the image (PodOptions.agent_in_images)."""
     spec = pod.get("spec") or {}
     notes = (pod.get("metadata") or {}).get("annotations") or {}
-    if notes.get(BIND_AT_CLAIM_ANNOTATION) or notes.get(RESTORED_AGENT_ANNOTATION):
+    if notes.get(BIND_AT_CLAIM_ANNOTATION):
         return True  # its sandbox's container runs the agent (ephemeral_container_for)
     if any(c.get("name") == AGENT_CONTAINER for c in spec.get("initContainers") or []):
         return True
