@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from warren_blockd import chunks
 from warren_blockd.blobs.policy import PolicyStore
 from warren_blockd.daemon import BlockdError
+from warren_blockd.gc import gc
 from warren_blockd.memory import PIECE_BYTES, Images
 from warren_blockd.replicator import Receipt
 from warren_blockd.workspace import LogLane, Workspace
@@ -123,3 +125,27 @@ def test_no_image_and_no_runsc_say_so(store: PolicyStore, tmp_path: Path) -> Non
     with pytest.raises(BlockdError, match="started without --runsc") as exc:
         images(store, tmp_path).capture("pod-uid", WORKSPACE)
     assert exc.value.code == "no_runsc"
+
+
+def test_an_image_goes_with_its_workspace_and_its_pieces_once_old_enough(
+    store: PolicyStore, tmp_path: Path
+) -> None:
+    image_id, _ = store_image(store, tmp_path)
+    pieces = set(store.list("images/chunks/"))
+    later = datetime.now(UTC) + timedelta(hours=7)  # past the default grace
+    kept = gc(store, now=later)
+    assert (kept.images_deleted, kept.image_pieces_deleted) == (0, 0)
+    assert set(store.list("images/chunks/")) == pieces
+    # A piece no image names (a capture that failed before its manifest) goes once old.
+    stray, _ = chunks.encode(b"stray")
+    store.put(f"images/{chunks.key_for(stray)}", chunks.encode(b"stray")[1])
+    assert gc(store).image_pieces_deleted == 0  # young: a capture may still name it
+    Workspace(store, WORKSPACE).release()
+    dry = gc(store, now=later, dry_run=True)
+    assert (dry.images_deleted, dry.image_pieces_deleted) == (1, len(pieces) + 1)
+    assert store.exists(f"images/{image_id}")
+    swept = gc(store, now=later)
+    assert (swept.images_deleted, swept.image_pieces_deleted) == (1, len(pieces) + 1)
+    assert store.list("images/") == []
+    with pytest.raises(BlockdError, match="no image"):
+        images(store, tmp_path).stage(image_id, WORKSPACE, 0)

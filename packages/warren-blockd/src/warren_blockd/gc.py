@@ -7,7 +7,8 @@ has flattened since, and its newest generation names the chunks it still needs. 
 workspace counts only through the generations forks stand on; the rest of it is finished
 off first.
 Sweep: delete a chunk that is unmarked AND was stored more than `grace` before the gc
-started; a younger one stays for a later run.
+started; a younger one stays for a later run. Memory images (memory.py) go the same way:
+an image whose workspace is released, then its pieces no remaining image names.
 
 The race this closes: a writer's dedup check (PolicyStore.put_chunk) finds a chunk stored
 and skips the upload, then publishes a record naming it a little later; in between nothing
@@ -54,6 +55,8 @@ class Report:
     bytes_freed: int = 0
     kept_young: int = 0  # unreferenced, but stored within the grace
     missing: int = 0  # referenced but not stored: lost data, should stay 0
+    images_deleted: int = 0  # memory images of released workspaces
+    image_pieces_deleted: int = 0
     dry_run: bool = False
 
 
@@ -92,7 +95,38 @@ def gc(
             list(pool.map(store.delete, doomed))
     report.chunks_seen, report.deleted = len(stored), len(doomed)
     report.missing = len(marked) - report.referenced
+    _collect_images(store, workspaces, cutoff, report)
     return report
+
+
+def _collect_images(
+    store: PolicyStore, workspaces: dict[str, list[str]], cutoff: datetime, report: Report
+) -> None:
+    """Memory images (memory.py) go with their workspace: the manifest of an image whose
+    workspace is released or gone is deleted, then every piece no remaining manifest names,
+    once stored before the cutoff (a capture writes its pieces first, its manifest last, and
+    reuses only a young piece, as writers reuse chunks)."""
+    named: set[str] = set()
+    for key in store.list("images/"):
+        if key.count("/") != 1:
+            continue  # a piece
+        try:
+            doc = json.loads(store.get(key))
+        except NotFoundError:
+            continue
+        keys = workspaces.get(str(doc.get("workspace")), [])
+        if not keys or f"workspaces/{doc['workspace']}/released" in keys:
+            report.images_deleted += 1
+            if not report.dry_run:
+                store.delete(key)
+        else:
+            named.update(piece for item in doc["files"] for piece in item["pieces"])
+    for info in store.list_info("images/chunks/"):
+        if info.key.rsplit("/", 1)[1] not in named and info.modified < cutoff:
+            report.image_pieces_deleted += 1
+            report.bytes_freed += info.size
+            if not report.dry_run:
+                store.delete(info.key)
 
 
 def _by_workspace(keys: list[str]) -> dict[str, list[str]]:

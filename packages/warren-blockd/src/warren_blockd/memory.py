@@ -11,7 +11,8 @@ was proven in storage after the capture. Taking the pod away unmounts the filesy
 ext4 writes its own bookkeeping as it goes: the generation an image is valid over is the one
 proven once the pod is gone (never older than the capture's), which the caller records with
 the image and names at staging; staging refuses the image over any other. Image pieces live
-apart from the workspaces' chunks, which gc.py collects by what workspace manifests name.
+apart from the workspaces' chunks; gc.py deletes an image once its workspace is released,
+and the pieces no remaining image names.
 
 Capture freezes the sandbox (runsc pause), checkpoints it and leaves it frozen, then brings
 its workspace to a `replicated` receipt: nothing can write between the two. The caller then
@@ -34,6 +35,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +229,10 @@ class Images:
                 whole.update(raw)
                 digest, stored = chunks.encode(raw)
                 key = _piece_key(digest)
-                if not self.store.exists(key):
+                # As put_chunk does: a stored piece is reused only while young, so that the
+                # gc (gc.py) never takes one before the manifest naming it is written.
+                when = self.store.stat(key)
+                if when is None or datetime.now(UTC) - when >= self.store.grace / 2:
                     self.store.put(key, stored)
                 pieces.append(digest)
         return {"name": path.name, "size": path.stat().st_size, "sha256": whole.hexdigest(), "pieces": pieces}
