@@ -443,6 +443,26 @@ def test_unsupported_capabilities_are_refused_by_name(
     assert list(org.client.list()) == []
 
 
+def test_a_sandboxs_memory_image_shows_as_a_condition(stack: Stack) -> None:
+    org = stack.org()
+    box = org.client.create(IMAGE)
+    name = stack.object_name(box.id)
+    image = {"image": "ab" * 32, "bytes": 3 << 20, "workspaceSeq": 5, "capturedAt": "2026-12-05T04:00:00Z"}
+    ready = {"type": "Ready", "status": "False", "reason": "Stopped", "message": "stopped"}
+    stack.standin.set_status(name, {"phase": "Stopped", "conditions": [ready], "memoryImage": image})
+    (memory,) = [c for c in org.client.get(box.id).conditions if c.type == "MemoryImage"]
+    assert (memory.status, memory.reason) == ("Unknown", "Sealing")
+    sealed = {**image, "sealedSeq": 8}
+    stack.standin.set_status(name, {"phase": "Stopped", "conditions": [ready], "memoryImage": sealed})
+    (memory,) = [c for c in org.client.get(box.id).conditions if c.type == "MemoryImage"]
+    assert (memory.status, memory.reason) == ("True", "Captured")
+    assert "3.0 MiB" in memory.message and "write record 8" in memory.message
+    running = {**ready, "status": "True", "reason": "PodReady"}
+    stack.standin.set_status(name, {"phase": "Running", "conditions": [running], "restoredFrom": "ab" * 32})
+    (memory,) = [c for c in org.client.get(box.id).conditions if c.type == "MemoryImage"]
+    assert (memory.status, memory.reason) == ("False", "Restored")
+
+
 def test_memory_capture_on_stop_is_refused_where_it_is_off(stack: Stack) -> None:
     org = stack.org()
     box = org.client.create(IMAGE)

@@ -86,6 +86,38 @@ def _same_conditions(new: list[dict[str, Any]], old: list[dict[str, Any]] | None
     return old is not None and timeless(new) == timeless(old)
 
 
+def memory_condition(status: Obj) -> dict[str, Any] | None:
+    """The Sandbox's memory image (status.memoryImage; status.restoredFrom once a start
+    used it) as a condition the API shows: the restore point a start resumes from."""
+    record = status.get("memoryImage") or {}
+    if record.get("error"):
+        return _memory("False", "CaptureFailed", f"capturing its memory failed: {record['error']}")
+    if record.get("image"):
+        size = f"{int(record.get('bytes') or 0) / (1 << 20):.1f} MiB"
+        if "sealedSeq" not in record:
+            stopping = f"a memory image of {size}: its workspace is still stopping"
+            return _memory("Unknown", "Sealing", stopping)
+        return _memory(
+            "True",
+            "Captured",
+            f"a memory image of {size}, captured at {record.get('capturedAt')}, valid over "
+            f"the workspace's write record {record['sealedSeq']}: a start resumes from it",
+        )
+    if status.get("restoredFrom"):
+        return _memory("False", "Restored", "resumed from its memory image")
+    return None
+
+
+def _memory(state: str, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "type": "MemoryImage",
+        "status": state,
+        "reason": reason,
+        "message": message,
+        "last_transition_time": None,
+    }
+
+
 def converge(
     session: Session,
     record: Sandbox,
@@ -128,6 +160,9 @@ def converge(
         for c in status.get("conditions") or []
         if isinstance(c, dict)
     ]
+    memory = memory_condition(status)
+    if memory is not None:
+        conditions.append(memory)
     observed = status.get("phase")
     if meta.get("deletionTimestamp"):
         # Being deleted, whatever the status still says. (The controller also reports
