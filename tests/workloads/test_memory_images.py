@@ -206,6 +206,12 @@ def sealed_image(api: client.ApiClient, pod: Any) -> dict[str, Any] | None:
     return dict(record) if "sealedSeq" in record else None
 
 
+def memory_condition(platform: Any, sandbox_id: str, reason: str) -> Any:
+    """The sandbox's MemoryImage condition through the API, once it has `reason`."""
+    found = [c for c in platform.get(sandbox_id).conditions if c.type == "MemoryImage"]
+    return found[0] if found and found[0].reason == reason else None
+
+
 def api_state(platform: Any, sandbox_id: str) -> tuple[str, int]:
     secret, count = platform.read_file(sandbox_id, "/tmp/state").decode().split()
     return secret, int(count)
@@ -232,6 +238,9 @@ def test_a_paused_sandbox_resumes_with_its_memory_and_a_bad_image_is_refused(
     print("memory image:", record)
     assert re.fullmatch(r"[0-9a-f]{64}", record["image"]) and record["bytes"] > 0
     assert record["workspace"] == workspace and record["sealedSeq"] >= record["workspaceSeq"]
+    # The API shows the restore point.
+    captured = wait_for("the API to show it", lambda: memory_condition(platform, sandbox_id, "Captured"))
+    assert f"write record {record['sealedSeq']}" in captured.message
 
     # Start: a new pod restored from the image; the process carries on with what it held
     # only in memory, read through the API.

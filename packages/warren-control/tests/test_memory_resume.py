@@ -169,3 +169,30 @@ def test_without_the_nodes_bind_api_a_stop_with_memory_says_so(
     reconciler.reconcile(NS, "a")
     condition = next(c for c in kube.status("a")["conditions"] if c["type"] == "Ready")
     assert condition["reason"] == "MemoryCaptureFailed" and "no bind token" in condition["message"]
+
+
+def test_a_restore_that_never_runs_gives_way_to_a_cold_start_when_asked(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, _ = setup
+    pause(kube, reconciler)
+    kube.update_spec("a", stopped=False, coldStart=False)
+    reconciler.reconcile(NS, "a")
+    (pod,) = kube.pods.values()
+    pod["status"] = {  # runsc could not restore it
+        "phase": "Pending",
+        "containerStatuses": [
+            {"name": "sandbox", "state": {"waiting": {"reason": "RunContainerError", "message": "restoring"}}}
+        ],
+    }
+    reconciler.reconcile(NS, "a")
+    assert kube.status("a")["memoryImage"]["image"] == IMAGE  # not restored: kept
+    assert "deletionTimestamp" not in kube.pods[pod["metadata"]["name"]]["metadata"]
+    kube.update_spec("a", coldStart=True)
+    reconciler.reconcile(NS, "a")
+    assert "deletionTimestamp" in kube.pods[pod["metadata"]["name"]]["metadata"]
+    kube.finish_deletions()
+    reconciler.reconcile(NS, "a")
+    (fresh,) = kube.pods.values()
+    assert RESTORE_ANNOTATION not in (fresh["metadata"].get("annotations") or {})
+    assert kube.status("a")["memoryImage"] is None

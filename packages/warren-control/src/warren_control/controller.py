@@ -192,6 +192,11 @@ def _memory_image(sandbox: Mapping[str, Any]) -> Obj | None:
     return dict(record) if record else None
 
 
+def _cold_start(sandbox: Mapping[str, Any]) -> bool:
+    """Whether the start asks to start afresh rather than resume from a memory image."""
+    return bool((sandbox.get("spec") or {}).get("coldStart"))
+
+
 def _restored(pod: Mapping[str, Any]) -> bool:
     return bool(((pod.get("metadata") or {}).get("annotations") or {}).get(RESTORE_ANNOTATION))
 
@@ -519,6 +524,10 @@ class Reconciler:
             kept = self._stop(sandbox, pod)
             return sandbox, kept if isinstance(kept, Observation) else observe(sandbox, kept)
 
+        if pod is not None and not _terminating(pod) and _restored(pod) and _cold_start(sandbox):
+            # A restore that never ran (its image would not restore): the caller chose a cold
+            # start instead, which the next pass makes once this pod is gone.
+            pod = self._delete(pod)
         if pod is not None and not _terminating(pod):
             pod = self._keep_or_replace(sandbox, pod)
         start: Obj | None = None
@@ -647,7 +656,7 @@ class Reconciler:
         """A pod restored from the Sandbox's memory image, on the node it was captured on;
         why not, if the image cannot be restored there (never a cold start in its place)."""
         record = _memory_image(sandbox) or {}
-        if record.get("error") or (sandbox.get("spec") or {}).get("coldStart"):
+        if record.get("error") or _cold_start(sandbox):
             # Nothing was captured, or the caller asked to start afresh: a cold start.
             self._patch_memory(sandbox, None)
             return self._create(sandbox)
