@@ -43,6 +43,7 @@ from warren_control.models import Sandbox as Record
 from warren_control.models import SandboxPhase, utcnow
 from warren_control.podspec import AGENT_PORT, POOL_SKIPPED_ANNOTATION, pod_name
 from warren_control.reaper import Reaper
+from warren_control.sdk import Client, WarrenError
 from warren_control.templates import Template
 
 pytest_plugins = ["api_fixtures"]
@@ -150,7 +151,8 @@ def test_what_cannot_be_enforced_is_refused_by_name(e2b_stack: Stack) -> None:
     org = new_org(e2b_stack)
     with pytest.raises(SandboxException, match="allow_internet_access is not supported"):
         Sandbox.create("base", allow_internet_access=False, **org.opts)
-    with pytest.raises(SandboxException, match="autoPause is not supported"):
+    # This deployment keeps no memory: a memory auto-pause is refused, naming the fix.
+    with pytest.raises(SandboxException, match="autoPause: this deployment keeps no paused sandbox's memory"):
         Sandbox.create("base", lifecycle={"on_timeout": "pause"}, **org.opts)
     with pytest.raises(SandboxException, match="'1BAD' is not a variable name"):
         Sandbox.create("base", envs={"1BAD": "x"}, **org.opts)
@@ -271,6 +273,39 @@ def test_where_memory_is_kept_e2bs_pause_keeps_it_and_a_reboot_starts_cold(
         assert standin.get(object_name)["spec"]["memoryCapture"] is False
         Sandbox.connect(sandbox.sandbox_id, on_resume="reboot", **org.opts)
         assert standin.get(object_name)["spec"]["coldStart"] is True
+
+
+def test_autopause_pauses_at_the_end_of_the_timeout_and_autoresume_wakes_on_use(
+    stack_url: str, standin: StandIn
+) -> None:
+    with serve_stack(stack_url, standin, templates=TEMPLATES, start_wait_s=0, memory_capture=True) as served:
+        org = new_org(served)
+        reaper = Reaper(served.sessions, Cluster(settings_for(served.url, standin)))
+        lifecycle = {"on_timeout": "pause", "auto_resume": True}
+        sandbox = Sandbox.create("base", timeout=60, lifecycle=lifecycle, **org.opts)
+        made = record(served, sandbox.sandbox_id)
+        assert made.spec["on_end"] == "pause" and made.spec["auto_resume"] is True
+        reaper.sweep(utcnow() + timedelta(seconds=61))
+        paused = record(served, sandbox.sandbox_id)
+        assert paused.phase is not SandboxPhase.TERMINATING and paused.spec["stopped"] is True
+        assert paused.expires_at > utcnow() + timedelta(hours=1)  # now the hard lifetime
+        spec = standin.get(paused.object_name)["spec"]
+        assert spec["stopped"] is True and spec["memoryCapture"] is True
+        assert sandbox.get_info().state == SandboxState.PAUSED
+        # Used: resumed (no controller here: the call then says it is still resuming).
+        with served.sessions.begin() as session:
+            user = store.create_user(session, org.id, "warren")
+            key = store.issue_api_key(session, org.id, user.id, ["sandbox:read", "sandbox:write"])
+        with Client(served.edge, key.token) as warren, pytest.raises(WarrenError, match="still resuming"):
+            warren.run("sbx_" + sandbox.sandbox_id, ["true"])
+        assert standin.get(paused.object_name)["spec"]["stopped"] is False
+        # At the hard lifetime it is deleted, paused or not.
+        reaper.sweep(paused.expires_at + timedelta(seconds=1))
+        assert record(served, sandbox.sandbox_id).phase in {SandboxPhase.TERMINATING, SandboxPhase.DELETED}
+        # A filesystem auto-pause is a stop at the end of the timeout.
+        filesystem = {"on_timeout": {"action": "pause", "mode": "filesystem"}}
+        files = Sandbox.create("base", lifecycle=filesystem, **org.opts)
+        assert record(served, files.sandbox_id).spec["on_end"] == "stop"
 
 
 def test_fork_gives_one_result_per_child(e2b_stack: Stack, standin: StandIn) -> None:

@@ -63,11 +63,22 @@ def verdict(record: Sandbox, now: datetime) -> tuple[Action, Reason] | None:
     if record.phase in {SandboxPhase.DELETED, SandboxPhase.TERMINATING}:
         return None
     if record.expires_at <= now:
+        # E2B's autoPause: the end of the timeout pauses (or stops) a running sandbox, which
+        # then lives until its organization's longest lifetime (hard_end).
+        on_end = _ON_IDLE.get(str(record.spec.get("on_end")))
+        if on_end and on_end != "delete" and not record.spec.get("stopped") and now < hard_end(record):
+            return on_end, "lifetime"
         return "delete", "lifetime"
     if record.idle_deadline_at is not None and record.idle_deadline_at <= now:
         default: Action = "stop" if record.spec.get("persistent") else "delete"
         return _ON_IDLE.get(str(record.spec.get("on_idle")), default), "idle"
     return None
+
+
+def hard_end(record: Sandbox) -> datetime:
+    """When a sandbox whose timeout pauses it dies after all: its creation plus its
+    organization's longest lifetime, as it was at the creation."""
+    return record.created_at + timedelta(seconds=int(record.spec.get("lifetime_cap_s") or 0))
 
 
 _MESSAGES = {
@@ -76,6 +87,8 @@ _MESSAGES = {
     ("stop", "idle"): "stopped by the reaper: idle past its idle timeout (the workspace stays)",
     ("pause", "idle"): "paused by the reaper: idle past its idle timeout (memory and workspace kept; "
     "the next exec, file call or start resumes it)",
+    ("pause", "lifetime"): "paused by the reaper at the end of its timeout (memory and workspace kept)",
+    ("stop", "lifetime"): "stopped by the reaper at the end of its timeout (the workspace stays)",
 }
 
 
@@ -148,6 +161,8 @@ class Reaper:
             else:
                 record.spec = {**record.spec, "stopped": True}
                 record.idle_deadline_at = None  # paused until a start
+                if due.reason == "lifetime":
+                    record.expires_at = hard_end(record)
                 record.conditions = [*others, condition]
         log.info("reaped %s: %s (%s)", due.sandbox_id, due.action, due.reason)
         self.reaped.append(due)

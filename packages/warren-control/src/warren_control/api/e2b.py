@@ -17,9 +17,15 @@ then do what the /v1 routes do, through the same ApiService, with E2B's names an
   as an unsupported capability;
 - errors are E2B's `{"code": status, "message": text}`.
 
-Requests E2B's API accepts but this deployment cannot carry out exactly (auto-pause, a
-network policy, MCP, IAM, volume mounts, turning internet access off) are refused with 400
-naming the field, never dropped in silence.
+- `autoPause` (`lifecycle={"on_timeout": "pause"}`) pauses the sandbox at the end of its
+  timeout instead of killing it (with its memory where the deployment captures it, or only
+  its filesystem where the SDK asks for that); it then lives until its organization's
+  longest lifetime, counted from its creation. `autoResume` resumes it when it is used
+  (exec, files, its ports), as connect does.
+
+Requests E2B's API accepts but this deployment cannot carry out exactly (a network policy,
+MCP, IAM, volume mounts, turning internet access off, a memory auto-pause where memory is
+not captured) are refused with 400 naming the field, never dropped in silence.
 """
 
 from __future__ import annotations
@@ -144,10 +150,32 @@ def check_env(env: Mapping[str, str]) -> None:
             )
 
 
+def auto_resumes(body: NewSandbox) -> bool:
+    return bool(body.auto_resume and body.auto_resume.get("enabled", True))
+
+
+def lifecycle(body: NewSandbox, memory_capture: bool) -> dict[str, Any]:
+    """What the end of the sandbox's timeout does (`on_end`: pause, with its memory where
+    the deployment captures it and the SDK did not ask for a filesystem one, or stop) and
+    whether using it resumes it (`auto_resume`); nothing for E2B's default, a kill."""
+    if not body.auto_pause:
+        if auto_resumes(body):
+            raise ApiError(400, "invalid_request", "autoResume needs autoPause: a killed one never resumes")
+        return {}
+    memory = body.model_extra.get("autoPauseMemory", True) if body.model_extra else True
+    if memory and not memory_capture:
+        raise ApiError(
+            400,
+            "unsupported_capability",
+            "autoPause: this deployment keeps no paused sandbox's memory (memory capture is off); "
+            'ask for a filesystem auto-pause: lifecycle={"on_timeout": {"action": "pause", '
+            '"mode": "filesystem"}}',
+        )
+    return {"on_end": "pause" if memory else "stop", "auto_resume": auto_resumes(body)}
+
+
 def refuse_unsupported(body: NewSandbox) -> None:
     asked = {
-        "autoPause": bool(body.auto_pause),
-        "autoResume": bool(body.auto_resume and body.auto_resume.get("enabled", True)),
         "allow_internet_access": body.allow_internet_access is False,
         "network": bool(body.network),
         "mcp": bool(body.mcp),
@@ -160,7 +188,7 @@ def refuse_unsupported(body: NewSandbox) -> None:
                 400,
                 "unsupported_capability",
                 f"{field} is not supported on this deployment yet: leave it out (a sandbox's "
-                "egress is the platform's floor; a timed-out sandbox is killed)",
+                "egress is the platform's floor)",
             )
 
 
@@ -384,6 +412,11 @@ def from_snapshot(api: ApiService, who: Identity, name: str) -> Snapshot | None:
 
 def create(api: ApiService, body: NewSandbox, who: Identity, key: str | None, route: str) -> Response:
     refuse_unsupported(body)
+    ends = lifecycle(body, api.settings.memory_capture)
+    if ends:
+        api.need_workspaces("autoPause (the workspace outlives the processes)")
+        with api.sessions() as session:
+            ends["lifetime_cap_s"] = api.org_and_user(session, who)[0].max_lifetime_s
     check_env(body.env_vars or {})
     env = dict(body.env_vars or {})
     snapshot = from_snapshot(api, who, body.template_id)
@@ -408,6 +441,7 @@ def create(api: ApiService, body: NewSandbox, who: Identity, key: str | None, ro
         "metadata": dict(body.metadata or {}),
         "env": env,
         "max_lifetime_s": body.timeout or DEFAULT_TIMEOUT_S,
+        **ends,
     }
     _, answer, _ = api.create(who, request, key, route=route, extra=extra)
     return JSONResponse(shapes(api).sandbox(running(api, who, answer["id"])), status_code=201)

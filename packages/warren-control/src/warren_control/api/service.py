@@ -666,8 +666,10 @@ class ApiService:
 
 
 def wakes(record: Sandbox) -> bool:
-    """Whether using the sandbox resumes it: it is stopped, and pauses on idle."""
-    return bool(record.spec.get("stopped") and record.spec.get("on_idle") == "pause")
+    """Whether using the sandbox resumes it: it is stopped, and pauses on idle or resumes
+    on use (E2B's autoResume)."""
+    spec = record.spec
+    return bool(spec.get("stopped") and (spec.get("on_idle") == "pause" or spec.get("auto_resume")))
 
 
 def check_lifetime(org: Organization, seconds: int) -> None:
