@@ -360,13 +360,13 @@ bench-coldpath: venv $(CONTROL)/.venv/.installed
 # deployed platform (make deploy first); writes bench/results/exec.json.
 .PHONY: bench-exec
 bench-exec: venv
-	bench/run-exec.sh
+	bench/run-deployed.sh exec
 
 # Pause with memory and resume against a cold start of the same image, on the deployed
 # platform (make deploy first); writes bench/results/pause.json.
 .PHONY: bench-pause
 bench-pause: venv
-	bench/run-pause.sh
+	bench/run-deployed.sh pause
 
 # Fork to Running for a 1 GiB and an 8 GiB workspace, create with an empty one (as root).
 bench-workspace: venv $(BLOCKD)/.venv/.installed
