@@ -39,6 +39,8 @@ HOST_SPECIFIC = (
     "services.kubelet_root",
     "services.stores_host_path",
     "services.blockd_state_host_path",
+    "services.runsc_host_path",
+    "services.runsc_root_host_path",
     "services.image_pull_policy",
     "services.image_digests",
     "isolation.platform_groups",
