@@ -16,7 +16,7 @@ from warren_blockd import chunks
 from warren_blockd.blobs.policy import PolicyStore
 from warren_blockd.daemon import BlockdError
 from warren_blockd.gc import gc
-from warren_blockd.memory import PIECE_BYTES, Images
+from warren_blockd.memory import PIECE_BYTES, Images, Runsc
 from warren_blockd.replicator import Receipt
 from warren_blockd.workspace import LogLane, Workspace
 
@@ -149,3 +149,84 @@ def test_an_image_goes_with_its_workspace_and_its_pieces_once_old_enough(
     assert store.list("images/") == []
     with pytest.raises(BlockdError, match="no image"):
         images(store, tmp_path).stage(image_id, WORKSPACE, 0)
+
+
+# A stand-in for runsc, for the faults the real one cannot be made to show on demand (a
+# checkpoint that fails after the pause, a sandbox a capture before left paused): it answers
+# `list` and `state` from a JSON file, writes an image on `checkpoint`, and logs every call.
+# The real runsc is driven by the cluster tier (tests/workloads/test_memory_images.py).
+FAKE_RUNSC = r"""#!/usr/bin/env python3
+import json, pathlib, sys
+here = pathlib.Path(sys.argv[0]).parent
+state = json.loads((here / "state.json").read_text())
+args = [a for a in sys.argv[1:] if not a.startswith("--root=")]
+with (here / "calls").open("a") as log:
+    log.write(" ".join(args) + "\n")
+verb = args[0]
+if verb == "list":
+    print(json.dumps([{"id": "sbx1", "status": state["status"], "annotations": {
+        "io.kubernetes.cri.sandbox-uid": "pod-1", "io.kubernetes.cri.container-type": "sandbox"}}]))
+elif verb == "state":
+    print(json.dumps({"status": state["status"], "pid": 0}))
+elif verb in ("pause", "resume"):
+    state["status"] = "paused" if verb == "pause" else "running"
+    (here / "state.json").write_text(json.dumps(state))
+elif verb == "checkpoint":
+    if state.get("fail_checkpoint"):
+        sys.exit("checkpoint: cannot save the sandbox")
+    path = next(a.split("=", 1)[1] for a in args if a.startswith("--image-path="))
+    (pathlib.Path(path) / "checkpoint.img").write_bytes(b"memory" * 1000)
+"""
+
+
+def fake_runsc(tmp_path: Path, status: str, fail_checkpoint: bool = False) -> Runsc:
+    bin_dir = tmp_path / "runsc"
+    bin_dir.mkdir()
+    (bin_dir / "state.json").write_text(json.dumps({"status": status, "fail_checkpoint": fail_checkpoint}))
+    binary = bin_dir / "runsc"
+    binary.write_text(FAKE_RUNSC)
+    binary.chmod(0o755)
+    return Runsc(str(binary), str(tmp_path / "root"))
+
+
+def calls(runsc: Runsc) -> list[str]:
+    return [line.split()[0] for line in (Path(runsc.binary).parent / "calls").read_text().splitlines()]
+
+
+def capturing(store: PolicyStore, tmp_path: Path, runsc: Runsc) -> Images:
+    Workspace(store, WORKSPACE).create(1024)
+
+    def flush(workspace: str) -> Receipt:
+        return Receipt(workspace, Workspace(store, workspace).replicated_seq(), "replicated")
+
+    return Images(store, tmp_path / "state", Path("/host/state"), runsc, flush, lambda _w: False)
+
+
+def test_a_capture_freezes_checkpoints_and_leaves_the_sandbox_frozen(
+    store: PolicyStore, tmp_path: Path
+) -> None:
+    runsc = fake_runsc(tmp_path, "running")
+    captured = capturing(store, tmp_path, runsc).capture("pod-1", WORKSPACE)
+    assert calls(runsc) == ["list", "state", "pause", "checkpoint"]
+    assert captured["workspace"] == WORKSPACE and captured["bytes"] == 6000
+    assert store.exists(f"images/{captured['image']}")
+    assert list((tmp_path / "state" / "images").iterdir()) == []  # the work directory went
+
+
+def test_a_failed_checkpoint_lets_the_sandbox_run_on(store: PolicyStore, tmp_path: Path) -> None:
+    runsc = fake_runsc(tmp_path, "running", fail_checkpoint=True)
+    with pytest.raises(BlockdError, match="cannot save the sandbox"):
+        capturing(store, tmp_path, runsc).capture("pod-1", WORKSPACE)
+    assert calls(runsc) == ["list", "state", "pause", "checkpoint", "resume"]
+    assert store.list("images/") == []
+
+
+def test_a_sandbox_an_earlier_capture_left_frozen_is_checkpointed_as_it_stands(
+    store: PolicyStore, tmp_path: Path
+) -> None:
+    runsc = fake_runsc(tmp_path, "paused")
+    taker = capturing(store, tmp_path, runsc)
+    taker.capture("pod-1", WORKSPACE)
+    assert calls(runsc) == ["list", "state", "checkpoint"]
+    with pytest.raises(BlockdError, match="no gVisor sandbox of pod pod-2"):
+        taker.capture("pod-2", WORKSPACE)

@@ -149,7 +149,10 @@ class Images:
         work.mkdir()
         paused = False
         try:
-            runsc.run("pause", sandbox)
+            # Paused already if a capture before this one froze it and its caller never got
+            # the answer (a controller restarted): checkpoint it as it stands.
+            if json.loads(runsc.run("state", sandbox)).get("status") != "paused":
+                runsc.run("pause", sandbox)
             paused = True
             runsc.run("checkpoint", "--leave-running", f"--image-path={work}", sandbox)
             checkpointed = time.monotonic()
