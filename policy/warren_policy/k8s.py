@@ -54,10 +54,11 @@ CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 
 # Warren's own workloads that must reach their node, each granted only what it needs, and
 # only in warren-system: warren-blockd serves workspaces (FUSE, loop devices, ext4 mounts
-# into the kubelet's pod directories); the embedded stores keep their data on their node.
+# into the kubelet's pod directories) and ends the gVisor sandboxes a memory capture left
+# frozen (their processes, by host PID); the embedded stores keep their data on their node.
 SYSTEM_NAMESPACE = "warren-system"
 HOST_ACCESS: dict[tuple[str, str], frozenset[str]] = {
-    ("kubernetes:apps/v1:DaemonSet", "warren-blockd"): frozenset({"privileged", "hostPath"}),
+    ("kubernetes:apps/v1:DaemonSet", "warren-blockd"): frozenset({"privileged", "hostPath", "hostPID"}),
     ("kubernetes:apps/v1:StatefulSet", "warren-objects"): frozenset({"hostPath"}),
     ("kubernetes:apps/v1:StatefulSet", "warren-postgres"): frozenset({"hostPath"}),
 }
@@ -119,7 +120,7 @@ def _no_host_namespaces(props: Mapping[str, Any], args: ResourceValidationArgs) 
     return [
         f"{field} must not be true (the pod would share the node's namespace)"
         for field in ("hostNetwork", "hostPID", "hostIPC")
-        if is_true(spec.get(field))
+        if is_true(spec.get(field)) and not _granted(props, args, field)
     ]
 
 
@@ -167,7 +168,7 @@ POLICIES = [
     ),
     resource_rule(
         "k8s-no-host-namespaces",
-        "No workload shares the node's network, PID or IPC namespace.",
+        "No workload shares the node's network, PID or IPC namespace (but warren-blockd's PID one).",
         WORKLOADS,
         _no_host_namespaces,
     ),

@@ -753,6 +753,25 @@ def test_only_blockd_and_the_embedded_stores_may_mount_host_paths() -> None:
     )
 
 
+def test_only_warren_blockd_may_share_the_nodes_pid_namespace_and_no_other() -> None:
+    rule = "k8s-no-host-namespaces"
+    blockd = _system_workload(DAEMONSET, "warren-blockd", "warren-system", {"hostPID": True})
+    assert violations(rule, DAEMONSET, blockd) == []
+    shared = "must not be true (the pod would share the node's namespace)"
+    for field in ("hostNetwork", "hostIPC"):  # only the PID namespace is granted
+        change = {field: True}
+        found = violations(
+            rule, DAEMONSET, _system_workload(DAEMONSET, "warren-blockd", "warren-system", change)
+        )
+        assert found == [f"{field} {shared}"]
+    for typ, name, namespace in (
+        (DAEMONSET, "warren-blockd", "default"),
+        (STATEFULSET, "warren-postgres", "warren-system"),
+    ):
+        found = violations(rule, typ, _system_workload(typ, name, namespace, {"hostPID": True}))
+        assert found == [f"hostPID {shared}"], name
+
+
 SERVICE = "kubernetes:core/v1:Service"
 
 
