@@ -463,6 +463,22 @@ def test_a_sandboxs_memory_image_shows_as_a_condition(stack: Stack) -> None:
     assert (memory.status, memory.reason) == ("False", "Restored")
 
 
+def test_memory_capture_is_refused_for_an_image_that_does_not_start_the_agent(
+    stack_url: str, standin: StandIn
+) -> None:
+    other = "registry.example/tools/python:3.12"
+    with serve_stack(stack_url, standin, memory_capture=True, capturable_images=frozenset({IMAGE})) as served:
+        org = served.org()
+        box = org.client.create(other)
+        with pytest.raises(WarrenError, match="does not start the agent itself") as refused:
+            org.client.stop(box.id, memory=True)
+        assert refused.value.code == "unsupported_capability"
+        assert not standin.get(served.object_name(box.id))["spec"].get("stopped")
+        with pytest.raises(WarrenError, match="on_idle pause"):
+            org.client.create(other, on_idle="pause")
+        assert org.client.create(IMAGE, on_idle="pause").spec["on_idle"] == "pause"
+
+
 def test_memory_capture_on_stop_is_refused_where_it_is_off(stack: Stack) -> None:
     org = stack.org()
     box = org.client.create(IMAGE)

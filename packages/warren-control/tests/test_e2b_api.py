@@ -151,13 +151,18 @@ def test_what_cannot_be_enforced_is_refused_by_name(e2b_stack: Stack) -> None:
     org = new_org(e2b_stack)
     with pytest.raises(SandboxException, match="allow_internet_access is not supported"):
         Sandbox.create("base", allow_internet_access=False, **org.opts)
-    # This deployment keeps no memory: a memory auto-pause is refused, naming the fix.
-    with pytest.raises(SandboxException, match="autoPause: this deployment keeps no paused sandbox's memory"):
-        Sandbox.create("base", lifecycle={"on_timeout": "pause"}, **org.opts)
+    # This deployment keeps no memory: a memory auto-pause asked for is refused, naming the fix.
+    full = {"on_timeout": {"action": "pause", "mode": "full"}}
+    with pytest.raises(SandboxException, match="autoPause: this sandbox's memory cannot be kept"):
+        Sandbox.create("base", lifecycle=full, **org.opts)
     with pytest.raises(SandboxException, match="'1BAD' is not a variable name"):
         Sandbox.create("base", envs={"1BAD": "x"}, **org.opts)
     # Nothing was made by the refused requests.
     assert Sandbox.list(**org.opts).next_items() == []
+    # Left to the API, the auto-pause keeps what it can: here the files.
+    kept = Sandbox.create("base", lifecycle={"on_timeout": "pause"}, **org.opts)
+    assert record(e2b_stack, kept.sandbox_id).spec["on_end"] == "stop"
+    kept.kill()
 
 
 def test_list_filters_and_pages(e2b_stack: Stack) -> None:
@@ -237,7 +242,7 @@ def test_pause_and_connect(e2b_stack: Stack, standin: StandIn) -> None:
 
     # This deployment keeps no memory: asking for it is refused by name, the filesystem
     # pause works.
-    with pytest.raises(SandboxException, match="keeps no paused sandbox's memory"):
+    with pytest.raises(SandboxException, match=r"memory cannot be kept \(memory capture is off"):
         sandbox.pause(mode="full")
     assert sandbox.pause() is True
     assert standin.get(object_name)["spec"]["stopped"] is True
@@ -306,6 +311,27 @@ def test_autopause_pauses_at_the_end_of_the_timeout_and_autoresume_wakes_on_use(
         filesystem = {"on_timeout": {"action": "pause", "mode": "filesystem"}}
         files = Sandbox.create("base", lifecycle=filesystem, **org.opts)
         assert record(served, files.sandbox_id).spec["on_end"] == "stop"
+
+
+def test_a_sandbox_whose_agent_is_copied_in_pauses_its_files_only(stack_url: str, standin: StandIn) -> None:
+    with serve_stack(
+        stack_url,
+        standin,
+        templates=TEMPLATES,
+        start_wait_s=0,
+        memory_capture=True,
+        capturable_images=frozenset({IMAGE}),  # base's, not small's
+    ) as served:
+        org = new_org(served)
+        small = Sandbox.create("small", **org.opts)
+        with pytest.raises(SandboxException, match="does not start the agent itself"):
+            small.pause(mode="full")
+        assert small.pause() is True  # left to the API: the files
+        spec = standin.get(record(served, small.sandbox_id).object_name)["spec"]
+        assert spec["stopped"] is True and spec["memoryCapture"] is False
+        base = Sandbox.create("base", **org.opts)
+        assert base.pause() is True
+        assert standin.get(record(served, base.sandbox_id).object_name)["spec"]["memoryCapture"] is True
 
 
 def test_fork_gives_one_result_per_child(e2b_stack: Stack, standin: StandIn) -> None:

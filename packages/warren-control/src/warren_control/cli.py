@@ -72,6 +72,7 @@ def _api_settings(args: argparse.Namespace, *, read_through: bool) -> Any:
         namespace=args.sandbox_namespace,
         gpu_available=args.gpu,
         memory_capture=args.memory_capture,
+        capturable_images=frozenset(args.agent_in_image) if args.agent_image else None,
         workspaces=args.workspaces,
         workspace_store=workspaces.from_arguments(
             args.workspace_store, args.workspace_store_endpoint, args.workspace_store_tool

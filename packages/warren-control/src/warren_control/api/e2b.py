@@ -154,23 +154,24 @@ def auto_resumes(body: NewSandbox) -> bool:
     return bool(body.auto_resume and body.auto_resume.get("enabled", True))
 
 
-def lifecycle(body: NewSandbox, memory_capture: bool) -> dict[str, Any]:
+def lifecycle(body: NewSandbox, refused: str | None) -> dict[str, Any]:
     """What the end of the sandbox's timeout does (`on_end`: pause, with its memory where
-    the deployment captures it and the SDK did not ask for a filesystem one, or stop) and
-    whether using it resumes it (`auto_resume`); nothing for E2B's default, a kill."""
+    it can be captured (`refused` says why not) and the SDK did not ask for a filesystem
+    one, or stop) and whether using it resumes it (`auto_resume`); nothing for E2B's
+    default, a kill."""
     if not body.auto_pause:
         if auto_resumes(body):
             raise ApiError(400, "invalid_request", "autoResume needs autoPause: a killed one never resumes")
         return {}
-    memory = body.model_extra.get("autoPauseMemory", True) if body.model_extra else True
-    if memory and not memory_capture:
+    asked = (body.model_extra or {}).get("autoPauseMemory")
+    if asked and refused is not None:
         raise ApiError(
             400,
             "unsupported_capability",
-            "autoPause: this deployment keeps no paused sandbox's memory (memory capture is off); "
-            'ask for a filesystem auto-pause: lifecycle={"on_timeout": {"action": "pause", '
-            '"mode": "filesystem"}}',
+            f"autoPause: this sandbox's memory cannot be kept ({refused}); ask for a filesystem "
+            'auto-pause: lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}',
         )
+    memory = refused is None if asked is None else bool(asked)
     return {"on_end": "pause" if memory else "stop", "auto_resume": auto_resumes(body)}
 
 
@@ -412,11 +413,6 @@ def from_snapshot(api: ApiService, who: Identity, name: str) -> Snapshot | None:
 
 def create(api: ApiService, body: NewSandbox, who: Identity, key: str | None, route: str) -> Response:
     refuse_unsupported(body)
-    ends = lifecycle(body, api.settings.memory_capture)
-    if ends:
-        api.need_workspaces("autoPause (the workspace outlives the processes)")
-        with api.sessions() as session:
-            ends["lifetime_cap_s"] = api.org_and_user(session, who)[0].max_lifetime_s
     check_env(body.env_vars or {})
     env = dict(body.env_vars or {})
     snapshot = from_snapshot(api, who, body.template_id)
@@ -436,6 +432,11 @@ def create(api: ApiService, body: NewSandbox, who: Identity, key: str | None, ro
         request = CreateSandboxRequest(
             image=chosen.image, cpu_millis=chosen.cpu_millis, memory_mib=chosen.memory_mib
         )
+    ends = lifecycle(body, api.capture_refusal(request.image))
+    if ends:
+        api.need_workspaces("autoPause (the workspace outlives the processes)")
+        with api.sessions() as session:
+            ends["lifetime_cap_s"] = api.org_and_user(session, who)[0].max_lifetime_s
     extra = {
         "template": body.template_id,
         "metadata": dict(body.metadata or {}),
@@ -577,19 +578,20 @@ def refresh(sandbox_id: str, who: Who, api: Api, body: RefreshBody | None = None
 @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
 def pause(sandbox_id: str, who: Who, api: Api, body: PauseBody | None = None) -> Response:
     asked = body.memory if body is not None else None
-    if asked and not api.settings.memory_capture:
+    answer = record(api, who, sandbox_id)
+    refused = api.capture_refusal(answer["spec"]["image"])
+    if asked and refused is not None:
         raise ApiError(
             400,
             "unsupported_capability",
-            "memory: this deployment keeps no paused sandbox's memory (memory capture is off); "
-            'pause with mode="filesystem" (memory false, or left out): the filesystem stays, '
-            "processes end",
+            f"memory: this sandbox's memory cannot be kept ({refused}); pause with "
+            'mode="filesystem" (memory false, or left out): the filesystem stays, processes end',
         )
-    if _state(record(api, who, sandbox_id)) == "paused":
+    if _state(answer) == "paused":
         raise ApiError(409, "conflict", f"sandbox {sandbox_id} is already paused")
     api.need_workspaces("pausing (only the workspace outlives the processes)")
     # E2B's pause keeps memory: so does Warren's where it can, unless asked not to.
-    memory = api.settings.memory_capture if asked is None else asked
+    memory = refused is None if asked is None else asked
     api.set_stopped(who, warren_id(sandbox_id), True, memory=memory)
     return Response(status_code=204)
 

@@ -141,8 +141,8 @@ def stop_sandbox(
     sandbox_id: str, who: Who, api: Api, body: Annotated[StopRequest | None, Body()] = None
 ) -> Response:
     memory = body is not None and body.memory_capture
-    if memory and not api.settings.memory_capture:
-        raise unsupported("memory_capture", "memory capture is off on this deployment")
+    if memory and (refused := api.capture_refusal(api.image_of(who, sandbox_id))) is not None:
+        raise unsupported("memory_capture", refused)
     api.need_workspaces("stopping (only the workspace outlives the processes)")
     return JSONResponse(api.set_stopped(who, sandbox_id, True, memory=memory), status_code=202)
 

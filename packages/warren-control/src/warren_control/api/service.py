@@ -69,6 +69,10 @@ class ApiSettings:
     namespace: str = DEFAULT_NAMESPACE
     gpu_available: bool = False
     memory_capture: bool = False
+    # The images whose sandboxes' memory can be captured: those that start the agent from
+    # the image (--agent-in-image). None: every image (no agent is copied in by an init
+    # container, which a restored pod could not run again).
+    capturable_images: frozenset[str] | None = None
     # The workspace layer (warren-blockd): without it nothing outlives a pod, so sizes,
     # templates, forks and stops are refused rather than pretended.
     workspaces: bool = False
@@ -221,13 +225,30 @@ class ApiService:
                 'past the idle timeout, for a sandbox created with on_idle "pause"',
             )
         if body.on_idle == "pause":
-            if not self.settings.memory_capture:
-                raise unsupported("on_idle pause", "memory capture is off on this deployment")
+            if (refused := self.capture_refusal(body.image)) is not None:
+                raise unsupported("on_idle pause", refused)
             self.need_workspaces("pausing on idle (the workspace outlives the processes)")
         if body.on_idle == "stop":
             self.need_workspaces("stopping on idle (only the workspace outlives the processes)")
         if body.workspace is not None:
             self.need_workspaces("a workspace size or template")
+
+    def image_of(self, who: Identity, sandbox_id: str) -> str:
+        with self.sessions() as session:
+            return str(self.find(session, who, sandbox_id).spec["image"])
+
+    def capture_refusal(self, image: str) -> str | None:
+        """Why the memory of a sandbox of `image` cannot be captured here, if it cannot."""
+        if not self.settings.memory_capture:
+            return "memory capture is off on this deployment"
+        allowed = self.settings.capturable_images
+        if allowed is not None and image not in allowed:
+            return (
+                f"image {image[:120]} does not start the agent itself (its sandboxes get it from an "
+                "init container, which a restored pod cannot run again): use an image built with "
+                "the agent's layer, such as the base template's"
+            )
+        return None
 
     def need_workspaces(self, what: str) -> None:
         if not self.settings.workspaces:
