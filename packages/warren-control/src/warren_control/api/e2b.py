@@ -678,8 +678,8 @@ def stopped(api: ApiService, who: Identity, sandbox_id: str) -> None:
 @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
 def snapshot(sandbox_id: str, who: Who, api: Api, body: SnapshotBody | None = None) -> Response:
     """The sandbox's workspace as it stands, kept to start new sandboxes from. A running
-    sandbox is paused for it (its writes all reach storage) and resumed after: its
-    processes restart, as on any pause."""
+    sandbox is paused for it (its writes all reach storage) and resumed after: with its
+    memory where that can be captured, so its processes carry on; otherwise they restart."""
     body = body or SnapshotBody()
     if body.memory:
         raise ApiError(
@@ -701,7 +701,8 @@ def snapshot(sandbox_id: str, who: Who, api: Api, body: SnapshotBody | None = No
         raise ApiError(409, "conflict", f"sandbox {sandbox_id} has no workspace to snapshot")
     was_running = _state(answer) == "running"
     if was_running:
-        api.set_stopped(who, answer["id"], True)
+        keeps_memory = api.capture_refusal(answer["spec"]["image"]) is None
+        api.set_stopped(who, answer["id"], True, memory=keeps_memory)
     copy_id = ids.new_workspace_id()
     try:
         if was_running:
