@@ -112,6 +112,17 @@ def test_an_image_built_with_the_agent_starts_it_from_itself_with_no_init_contai
     assert not has_agent(pod_for(sandbox(agentTokenSha256=TOKEN_SHA256)))
 
 
+def test_an_image_pinned_by_digest_is_known_by_its_tag_too() -> None:
+    pinned = "warren.dev/base:0.1.0@sha256:" + "a" * 64
+    options = dataclasses.replace(AGENT, agent_in_images=frozenset({pinned}))
+    for image in (pinned, "warren.dev/base:0.1.0"):
+        pod = pod_for(sandbox(image=image, agentTokenSha256=TOKEN_SHA256), options=options)
+        assert "initContainers" not in pod["spec"], image
+    for image in ("warren.dev/base:0.2.0", "warren.dev/base"):
+        pod = pod_for(sandbox(image=image, agentTokenSha256=TOKEN_SHA256), options=options)
+        assert "initContainers" in pod["spec"], image
+
+
 def test_no_agent_without_its_image_or_a_token_hash() -> None:
     for pod in (pod_for(sandbox(agentTokenSha256=TOKEN_SHA256)), pod_for(sandbox(), options=AGENT)):
         assert "initContainers" not in pod["spec"]

@@ -429,7 +429,7 @@ def _holding_pod_spec(container: Obj, options: PodOptions) -> Obj:
             "csi": {"driver": BLOCKD_DRIVER, "volumeAttributes": {"bindAtClaim": "true"}},
         }
     ]
-    if container["image"] not in options.agent_in_images:
+    if not starts_agent(container["image"], options.agent_in_images):
         _add_agent_volume(pod_spec, container, options)
     return pod_spec
 
@@ -444,7 +444,8 @@ def ephemeral_container_for(sandbox: Mapping[str, Any], options: PodOptions) -> 
     token_sha256 = spec.get("agentTokenSha256")
     if not token_sha256:
         raise SandboxSpecError("a sandbox started in a bindAtClaim pool pod needs its agent token")
-    agent = AGENT_IN_IMAGE if container["image"] in options.agent_in_images else f"{AGENT_DIR}/agent"
+    in_image = starts_agent(container["image"], options.agent_in_images)
+    agent = AGENT_IN_IMAGE if in_image else f"{AGENT_DIR}/agent"
     mounts: list[Obj] = [{"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_MOUNT}]
     if agent != AGENT_IN_IMAGE:
         mounts.append({"name": AGENT_VOLUME, "mountPath": AGENT_DIR, "readOnly": True})
@@ -642,11 +643,18 @@ def _pod_spec(container: Obj, options: PodOptions, node: str | None) -> Obj:
     return pod_spec
 
 
+def starts_agent(image: str, agent_in_images: frozenset[str]) -> bool:
+    """Whether `image` is one of the images built with the agent's layer, named as given or
+    by its tag alone where they are pinned by digest (warren.dev/base:0.1.0 for
+    warren.dev/base:0.1.0@sha256:...)."""
+    return image in agent_in_images or any(pinned.split("@", 1)[0] == image for pinned in agent_in_images)
+
+
 def _add_agent(pod_spec: Obj, container: Obj, options: PodOptions, auth: list[str]) -> None:
     """The agent, delivered into the sandbox's container (see AGENT_CONTAINER), with the
     arguments that say how it knows its caller (`auth`); started from the image where it is
     one of options.agent_in_images."""
-    if container["image"] in options.agent_in_images:
+    if starts_agent(container["image"], options.agent_in_images):
         start = [AGENT_IN_IMAGE, "-detach", "-port", str(AGENT_PORT), *auth]
         container["lifecycle"] = {"postStart": {"exec": {"command": start}}}
         return

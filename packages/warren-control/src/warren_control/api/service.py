@@ -32,7 +32,7 @@ from warren_control.models import (
     utcnow,
 )
 from warren_control.observation import converge, start_ended, start_report
-from warren_control.podspec import has_agent, sandbox_pod_name
+from warren_control.podspec import has_agent, sandbox_pod_name, starts_agent
 from warren_control.scrub import scrub
 from warren_control.templates import Template
 from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore
@@ -242,7 +242,7 @@ class ApiService:
         if not self.settings.memory_capture:
             return "memory capture is off on this deployment"
         allowed = self.settings.capturable_images
-        if allowed is not None and image not in allowed:
+        if allowed is not None and not starts_agent(image, allowed):
             return (
                 f"image {image[:120]} does not start the agent itself (its sandboxes get it from an "
                 "init container, which a restored pod cannot run again): use an image built with "
