@@ -168,3 +168,19 @@ def test_stopping_reads_as_the_controller_would_say_it(
     mirror._pod_event("DELETED", going)
     mirror.step(0)
     assert record(stack, box.id).phase is SandboxPhase.STOPPED
+
+
+def test_a_memory_image_the_controller_recorded_reaches_the_record(
+    stack: Stack, standin: StandIn, mirror: Mirror
+) -> None:
+    org = stack.org()
+    box = org.client.create(IMAGE)
+    obj = copy.deepcopy(standin.get(stack.object_name(box.id)))
+    assert obj is not None
+    obj["spec"]["stopped"] = True
+    image = {"image": "ab" * 32, "bytes": 2 << 20, "workspaceSeq": 5, "sealedSeq": 8, "capturedAt": "x"}
+    obj["status"] = {"phase": "Stopped", "memoryImage": image}
+    mirror._replace_sandboxes([obj])
+    mirror.step(0)
+    (memory,) = [c for c in record(stack, box.id).conditions if c["type"] == "MemoryImage"]
+    assert memory["reason"] == "Captured" and "write record 8" in memory["message"]

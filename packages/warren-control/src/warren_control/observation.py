@@ -59,7 +59,12 @@ def with_pod(sandbox: Obj, pod: Obj | None) -> Obj:
     """The Sandbox as it will read once the controller has seen `pod`: its status computed by
     the controller's own pure function, so the mirror need not wait for the controller."""
     seen = observe(sandbox, pod, agent_answers=_agent_answered(sandbox, pod))
-    return {**sandbox, "status": status_for(sandbox, seen)}
+    status = status_for(sandbox, seen)
+    written = sandbox.get("status") or {}
+    for key in ("memoryImage", "restoredFrom"):  # the controller's word, not the pod's
+        if key in written:
+            status[key] = written[key]
+    return {**sandbox, "status": status}
 
 
 def _agent_answered(sandbox: Obj, pod: Obj | None) -> bool:
