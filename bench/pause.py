@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from warren_common.testing import wait_for
 from warren_control.kube import Kube
 from warren_control.podspec import GROUP, PLURAL, VERSION
 from warren_control.sdk import Client, WarrenError
@@ -35,6 +36,7 @@ from warren_control.sdk import Client, WarrenError
 RESULTS = Path(__file__).parent / "results" / "pause.json"
 SYSTEM = "warren-system"
 WAIT_S = 300.0
+POLL_S = 0.05  # fine enough for the figures it times
 COUNT = "/tmp/count"  # noqa: S108  # inside the sandbox, in its own memory
 HOLD = r"""
 head -c {mib}M /dev/urandom > /tmp/held
@@ -60,15 +62,8 @@ def memory_image(kube: Kube, workspace: str) -> dict[str, Any] | None:
     raise SystemExit(f"bench-pause: no Sandbox resource with workspace {workspace} in this cluster")
 
 
-def until(what: str, check: Any, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench-pause: {what} did not happen within {timeout:.0f} s")
-        time.sleep(0.05)
+def soon(check: Any, what: str) -> Any:
+    return wait_for(check, WAIT_S, what, interval=POLL_S)
 
 
 def answers(warren: Client, sandbox_id: str) -> int | None:
@@ -91,21 +86,21 @@ def sample(warren: Client, kube: Kube, image: str, hold_mib: int) -> dict[str, f
         image, command=["sh", "-c", HOLD.format(mib=hold_mib, count=COUNT)], memory_mib=256
     )
     try:
-        until("the cold sandbox answers", lambda: answers(warren, created.id))
+        soon(lambda: answers(warren, created.id), "the cold sandbox answers")
         cold_ms = (time.perf_counter() - began) * 1000
-        until("the held memory is written", lambda: (answers(warren, created.id) or 0) > 3)
+        soon(lambda: (answers(warren, created.id) or 0) > 3, "the held memory is written")
         rss = in_use_mib(warren, created.id)
         before = answers(warren, created.id) or 0
         workspace = warren.workspace_proof(created.id).workspace_id
 
         began = time.perf_counter()
         warren.stop(created.id, memory=True)
-        record = until("the memory image sealed", lambda: memory_image(kube, workspace))
+        record = soon(lambda: memory_image(kube, workspace), "the memory image sealed")
         pause_ms = (time.perf_counter() - began) * 1000
 
         began = time.perf_counter()
         warren.start(created.id)
-        count = until("the resumed sandbox answers", lambda: answers(warren, created.id))
+        count = soon(lambda: answers(warren, created.id), "the resumed sandbox answers")
         resume_ms = (time.perf_counter() - began) * 1000
         if count < before:
             raise SystemExit(f"bench-pause: the resumed counter read {count}, below {before}: not restored")
