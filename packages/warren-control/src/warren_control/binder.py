@@ -59,17 +59,13 @@ class Binder:
         """Freeze and checkpoint the running pod's gVisor sandbox and store the image, bound
         to `workspace` as proven in storage after it (warren_blockd.memory): the image's
         id, workspace_seq, bytes and times. The sandbox stays frozen."""
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
-        if not node:
-            raise BindError("the pod has no node")
         body = {"pod_uid": pod["metadata"]["uid"], "workspace": workspace}
-        return self._post(node, "/v1/capture", body, "the capture")
+        return self._post(_node_of(pod), "/v1/capture", body, "the capture")
 
     def discard(self, pod: Mapping[str, Any]) -> dict[str, Any]:
         """Kill the sandbox a capture left frozen, once its pod is being deleted (a frozen
         sandbox answers none of the runtime's signals)."""
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
-        return self._post(node, "/v1/discard", {"pod_uid": pod["metadata"]["uid"]}, "the discard")
+        return self._post(_node_of(pod), "/v1/discard", {"pod_uid": pod["metadata"]["uid"]}, "the discard")
 
     def stage(self, node: str, image: str, workspace: str, workspace_seq: int) -> dict[str, Any]:
         """Fetch and verify `image` on `node` for a pod to be restored from: its `path` there.
@@ -135,3 +131,11 @@ def _message(answer: httpx.Response) -> str:
         return str(answer.json().get("message") or answer.text)
     except ValueError:
         return answer.text[:500]
+
+
+def _node_of(pod: Mapping[str, Any]) -> str:
+    """The node a pod runs on; a pod not placed yet has no sandbox to capture or discard."""
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    if not node:
+        raise BindError("the pod has no node")
+    return node
