@@ -9,8 +9,10 @@ file in the gVisor sandbox's own memory, which does not compress) and counts:
 
 - cold_create_to_exec: create (a command of its own: never a warm pool's pod) until a
   command run through the API answers;
-- pause: a stop with memory capture until the sandbox reads Stopped and its image is sealed
-  over its workspace's write record (the capture, the pod's end, the proof in storage);
+- pause: a stop with memory capture until its image is a restore point: sealed over its
+  workspace's write record (the capture, the pod's end, the proof in storage) and proved by a
+  restore (a pod restored from it onto a fork of the workspace ran, and is gone);
+  `sealed_ms` is the part until the seal, `verify_ms` the proof's restore alone;
 - resume: a start until a command run through the API answers, read from the restored
   process (its counter carried on from where it stood, or the sample fails).
 
@@ -52,13 +54,17 @@ def base_image(kube: Kube) -> str:
     return next(a.split("=", 2)[2] for a in args if a.startswith("--template=base="))
 
 
-def memory_image(kube: Kube, workspace: str) -> dict[str, Any] | None:
-    """The sealed memory image record of the Sandbox resource with this workspace."""
+def memory_image(kube: Kube, workspace: str, *, proved: bool = False) -> dict[str, Any] | None:
+    """The sealed (with `proved`, also proved) memory image record of the Sandbox resource
+    with this workspace."""
     listed = kube.request("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")
     for item in listed.get("items") or []:
         if ((item.get("spec") or {}).get("workspace") or {}).get("id") == workspace:
             record = (item.get("status") or {}).get("memoryImage") or {}
-            return dict(record) if "sealedSeq" in record else None
+            if record.get("unrestorable"):
+                raise SystemExit(f"bench-pause: the image did not restore: {record['unrestorable']}")
+            done = (record.get("verification") or {}).get("done") or not proved
+            return dict(record) if "sealedSeq" in record and done else None
     raise SystemExit(f"bench-pause: no Sandbox resource with workspace {workspace} in this cluster")
 
 
@@ -95,7 +101,9 @@ def sample(warren: Client, kube: Kube, image: str, hold_mib: int) -> dict[str, f
 
         began = time.perf_counter()
         warren.stop(created.id, memory=True)
-        record = soon(lambda: memory_image(kube, workspace), "the memory image sealed")
+        soon(lambda: memory_image(kube, workspace), "the memory image sealed")
+        sealed_ms = (time.perf_counter() - began) * 1000
+        record = soon(lambda: memory_image(kube, workspace, proved=True), "the memory image proved")
         pause_ms = (time.perf_counter() - began) * 1000
 
         began = time.perf_counter()
@@ -107,6 +115,8 @@ def sample(warren: Client, kube: Kube, image: str, hold_mib: int) -> dict[str, f
         return {
             "cold_ms": cold_ms,
             "pause_ms": pause_ms,
+            "sealed_ms": sealed_ms,
+            "verify_ms": float(record["verification"]["ms"]),
             "resume_ms": resume_ms,
             "image_mib": int(record["bytes"]) / (1 << 20),
             "rss_mib": rss,
@@ -131,6 +141,8 @@ def measure(url: str, key: str, kubeconfig: str, samples: int, hold_mib: int) ->
         "hold_mib": hold_mib,
         "image": image,
         "pause_ms_p50": round(p50["pause_ms"], 1),
+        "sealed_ms_p50": round(p50["sealed_ms"], 1),
+        "verify_ms_p50": round(p50["verify_ms"], 1),
         "resume_ms_p50": round(p50["resume_ms"], 1),
         "cold_create_to_exec_ms_p50": round(p50["cold_ms"], 1),
         "resume_over_cold": round(p50["resume_ms"] / p50["cold_ms"], 3),

@@ -3,8 +3,10 @@ state lives only in a process's memory is captured by the node's warren-blockd (
 checkpoints its gVisor sandbox; the image goes to object storage as checksummed pieces,
 bound to the write record its workspace had proven in storage), its pod goes, and a new pod
 restored from the staged image carries on: the same process, its counter where it was, the
-same workspace. A stored piece with one flipped byte is refused before runsc reads any of
-it, and so is the image over the workspace once something wrote it after the capture."""
+same workspace. Each image is proved by a restore (onto a fork of its workspace, released
+after) before it is a restore point, and a fork of the paused sandbox restores every child
+from it. A stored piece with one flipped byte is refused before runsc reads any of it, and
+so is the image over the workspace once something wrote it after the capture."""
 
 from __future__ import annotations
 
@@ -296,3 +298,91 @@ def test_an_idle_sandbox_that_pauses_is_paused_and_its_next_exec_resumes_it(
         secret, count = done.stdout.decode().split()
         assert secret == before[0] and int(count) >= before[1]
         assert platform.get(sandbox_id).phase == "Running"
+
+
+def in_storage(core: client.CoreV1Api, workspace: str) -> bool:
+    """Whether object storage still holds `workspace` (asked through the node's warren-blockd
+    and its own store client)."""
+    blockd = core.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=warren-blockd").items[0]
+    args = blockd.spec.containers[0].args
+    store = next(a.split("=", 1)[1] for a in args if a.startswith("--store="))
+    endpoint = next((a.split("=", 1)[1] for a in args if a.startswith("--s3-endpoint=")), None)
+    script = f"""
+from warren_blockd.stores import open_store
+from warren_blockd.workspace import Workspace
+try:  # a released workspace, or one never stored, is refused
+    Workspace(open_store({store!r}, {endpoint!r}), {workspace!r}).replicated_seq()
+    print("kept")
+except Exception:
+    print("gone")
+"""
+    out = stream(
+        core.connect_get_namespaced_pod_exec,
+        blockd.metadata.name,
+        SYSTEM,
+        container="blockd",
+        command=["/opt/warren/blockd/bin/python", "-c", script],
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+    )
+    return str(out).strip().splitlines()[-1] == "kept"
+
+
+def test_a_paused_sandbox_is_proved_by_a_restore_and_forks_with_its_memory(
+    api: client.ApiClient, platform: Any, counter: tuple[str, str, Any]
+) -> None:
+    core = client.CoreV1Api(api)
+    sandbox_id, workspace, pod = counter
+    before = state(core, pod)
+    platform.stop(sandbox_id, memory=True)
+    assert platform.wait_until(sandbox_id, "Stopped", timeout=WAIT_S).phase == "Stopped"
+
+    # A restore point only once a pod restored from it ran: onto a fork of the workspace,
+    # in a pod nothing serves, which then goes with its workspace.
+    wait_for("the API to show the proof", lambda: memory_condition(platform, sandbox_id, "Captured"))
+    record = sandbox_status(api, pod)["memoryImage"]
+    print("proved:", record)
+    check = record["verification"]
+    assert record["verifiedAt"] and check["done"] and check["ms"] > 0
+    assert check["workspace"].startswith(f"{workspace}-v")
+    assert not core.list_pod_for_all_namespaces(label_selector="warren.dev/verifies").items
+    assert not in_storage(core, check["workspace"]), "the proof's workspace is released"
+    assert in_storage(core, workspace)
+
+    # A fork of the paused sandbox: each child is restored from its memory image onto its
+    # own fork of the workspace, so it carries the parent's process on from the pause.
+    results = platform.fork(sandbox_id, count=2)
+    assert all(r.ok for r in results), results
+    children = [str(r.sandbox.id) for r in results if r.sandbox is not None]
+    try:
+        for child in children:
+            assert platform.wait_until(child, "Running", timeout=WAIT_S).phase == "Running"
+            secret, count = api_state(platform, child)
+            assert secret == before[0], "the child has the secret the parent drew before the pause"
+            assert count >= before[1]
+            wait_for(
+                "the child's counter to count on", lambda c=child, n=count: api_state(platform, c)[1] > n
+            )
+            assert platform.read_file(child, "/workspace/kept") == b"kept\n"
+            assert memory_condition(platform, child, "Restored") is not None
+            names = platform.run(child, ["sh", "-c", "hostname; cat /proc/sys/kernel/random/boot_id"])
+            print("child", child, "hostname and boot id:", names.stdout.decode().split())
+        # Each its own sandbox: a write in one is seen in no other, nor in the parent's.
+        platform.run(children[0], ["sh", "-c", "echo mine > /workspace/mine && sync"], timeout=60)
+        seen = platform.run(children[1], ["cat", "/workspace/mine"], timeout=60)
+        assert seen.exit_code != 0, "a write of one child shows in another"
+    finally:
+        for child in children:
+            platform.delete(child)
+
+    # The parent's image is still its restore point: it resumes from it.
+    platform.start(sandbox_id)
+    assert platform.wait_until(sandbox_id, "Running", timeout=WAIT_S).phase == "Running"
+    assert api_state(platform, sandbox_id)[0] == before[0]
+    from warren_control.sdk import WarrenError
+
+    with pytest.raises(WarrenError) as missing:
+        platform.read_file(sandbox_id, "/workspace/mine")
+    assert missing.value.status == 404, "a child's write shows in its parent"

@@ -88,6 +88,39 @@ def test_an_image_of_another_workspace_or_generation_or_still_attached_is_refuse
     assert exc.value.code == "busy"
 
 
+def test_an_image_staged_onto_a_fork_gets_a_new_workspace_at_its_generation(
+    store: PolicyStore, tmp_path: Path
+) -> None:
+    store_image(store, tmp_path)
+    lane = LogLane(Workspace(store, WORKSPACE), next_seq=1)
+    lane.publish([(0, b"\x01" * 4096)])
+    image_id, _ = images(store, tmp_path).keep(tmp_path / "captured", WORKSPACE, 1)
+    staged = images(store, tmp_path).stage(image_id, WORKSPACE, 1, into="ws_child")
+    assert staged["workspace"] == "ws_child"
+    assert Workspace(store, "ws_child").fork_base() == (WORKSPACE, 1)
+    assert Workspace(store, "ws_child").effective().extents == Workspace(store, WORKSPACE).effective().extents
+    # A retry finds the child it made; the original workspace is untouched by it.
+    images(store, tmp_path).stage(image_id, WORKSPACE, 1, into="ws_child")
+    assert Workspace(store, WORKSPACE).replicated_seq() == 1
+    # A child written since, or an id that is the workspace itself, is refused by name.
+    LogLane(Workspace(store, "ws_child"), next_seq=1).publish([(1, bytes(4096))])
+    with pytest.raises(BlockdError, match="ws_child has writes of its own, not on ws_memorytest at record 1"):
+        images(store, tmp_path).stage(image_id, WORKSPACE, 1, into="ws_child")
+    with pytest.raises(BlockdError, match="needs a new workspace"):
+        images(store, tmp_path).stage(image_id, WORKSPACE, 1, into=WORKSPACE)
+    with pytest.raises(BlockdError, match="is invalid"):
+        images(store, tmp_path).stage(image_id, WORKSPACE, 1, into="../x")
+    # A child forked ahead (by the control plane, while the original was paused) is
+    # restored onto whatever the original does since; a new one would stand on a later
+    # record once the original moved on: refused before it is made.
+    assert Workspace(store, WORKSPACE).fork(["ws_ahead"]) == {"ws_ahead": None}
+    lane.publish([(2, bytes(4096))])
+    assert images(store, tmp_path).stage(image_id, WORKSPACE, 1, into="ws_ahead")["workspace"] == "ws_ahead"
+    with pytest.raises(BlockdError, match="at write record 2, but image"):
+        images(store, tmp_path).stage(image_id, WORKSPACE, 1, into="ws_other")
+    assert not store.list("workspaces/ws_other/")
+
+
 def test_a_flipped_byte_in_a_piece_is_refused_before_any_file_appears(
     store: PolicyStore, tmp_path: Path
 ) -> None:

@@ -452,11 +452,19 @@ def test_a_sandboxs_memory_image_shows_as_a_condition(stack: Stack) -> None:
     stack.standin.set_status(name, {"phase": "Stopped", "conditions": [ready], "memoryImage": image})
     (memory,) = [c for c in org.client.get(box.id).conditions if c.type == "MemoryImage"]
     assert (memory.status, memory.reason) == ("Unknown", "Sealing")
-    sealed = {**image, "sealedSeq": 8}
+    sealed = {**image, "sealedSeq": 8, "verification": {"workspace": "ws-v", "startedAt": "x"}}
     stack.standin.set_status(name, {"phase": "Stopped", "conditions": [ready], "memoryImage": sealed})
     (memory,) = [c for c in org.client.get(box.id).conditions if c.type == "MemoryImage"]
+    assert (memory.status, memory.reason) == ("Unknown", "Verifying")  # not a restore point yet
+    proved = {**sealed, "verifiedAt": "y", "verification": {"workspace": "ws-v", "ms": 900, "done": True}}
+    stack.standin.set_status(name, {"phase": "Stopped", "conditions": [ready], "memoryImage": proved})
+    (memory,) = [c for c in org.client.get(box.id).conditions if c.type == "MemoryImage"]
     assert (memory.status, memory.reason) == ("True", "Captured")
-    assert "3.0 MiB" in memory.message and "write record 8" in memory.message
+    assert "3.0 MiB" in memory.message and "write record 8" in memory.message and "900 ms" in memory.message
+    failed = {**sealed, "unrestorable": "RunContainerError: restore failed"}
+    stack.standin.set_status(name, {"phase": "Stopped", "conditions": [ready], "memoryImage": failed})
+    (memory,) = [c for c in org.client.get(box.id).conditions if c.type == "MemoryImage"]
+    assert (memory.status, memory.reason) == ("False", "Unrestorable") and "restore failed" in memory.message
     running = {**ready, "status": "True", "reason": "PodReady"}
     stack.standin.set_status(name, {"phase": "Running", "conditions": [running], "restoredFrom": "ab" * 32})
     (memory,) = [c for c in org.client.get(box.id).conditions if c.type == "MemoryImage"]

@@ -13,7 +13,7 @@ from test_controller import NS, FakeKube, run
 from warren_control.binder import BindError
 from warren_control.controller import ControllerOptions, Reconciler
 from warren_control.kube import Obj
-from warren_control.podspec import RESTORE_ANNOTATION
+from warren_control.podspec import RESTORE_ANNOTATION, SANDBOX_UID_LABEL, VERIFIES_LABEL
 
 IMAGE = "ab" * 32
 WORKSPACE = {"id": "ws-a", "size": "10Gi"}
@@ -39,8 +39,10 @@ class FakeBinder:
         self._call("discard", pod["metadata"]["uid"])
         return {}
 
-    def stage(self, node: str, image: str, workspace: str, workspace_seq: int) -> dict[str, Any]:
-        self._call("stage", (node, image, workspace, workspace_seq))
+    def stage(
+        self, node: str, image: str, workspace: str, workspace_seq: int, into: str | None = None
+    ) -> dict[str, Any]:
+        self._call("stage", (node, image, workspace, workspace_seq, *([into] if into else [])))
         return {"image": image, "path": f"/state/images/{image}.0001"}
 
     def named(self, what: str) -> list[Any]:
@@ -50,8 +52,13 @@ class FakeBinder:
 @pytest.fixture
 def setup() -> tuple[FakeKube, Reconciler, FakeBinder]:
     kube = FakeKube()
-    reconciler = Reconciler(kube, ControllerOptions(quiet_start_seconds=0, workspace_seq=lambda ws: 8))
     binder = FakeBinder()
+    options = ControllerOptions(
+        quiet_start_seconds=0,
+        workspace_seq=lambda ws: 8,
+        release_workspace=lambda ws: binder.calls.append(("release", ws)),
+    )
+    reconciler = Reconciler(kube, options)
     reconciler.binder = binder  # type: ignore[assignment]
     kube.add_sandbox("a", workspace=dict(WORKSPACE))
     reconciler.reconcile(NS, "a")
@@ -63,11 +70,23 @@ def setup() -> tuple[FakeKube, Reconciler, FakeBinder]:
     return kube, reconciler, binder
 
 
-def pause(kube: FakeKube, reconciler: Reconciler) -> None:
+def pause(kube: FakeKube, reconciler: Reconciler, *, verify: bool = True) -> None:
+    """Stop "a" with memory until its image is sealed and, with `verify`, proved by a
+    restore that ran (the verifying pod run, deleted and gone)."""
     kube.update_spec("a", stopped=True, memoryCapture=True)
     reconciler.reconcile(NS, "a")
     kube.finish_deletions()
     reconciler.reconcile(NS, "a")
+    if verify:
+        run(verifier(kube))
+        reconciler.reconcile(NS, "a")
+        kube.finish_deletions()
+        reconciler.reconcile(NS, "a")
+
+
+def verifier(kube: FakeKube) -> Obj:
+    (pod,) = [p for p in kube.pods.values() if VERIFIES_LABEL in p["metadata"]["labels"]]
+    return pod
 
 
 def test_a_stop_with_memory_captures_then_deletes_and_seals_the_image_once_the_pod_is_gone(
@@ -99,7 +118,7 @@ def test_a_start_restores_a_new_pod_from_the_image_on_its_node(
     pause(kube, reconciler)
     kube.update_spec("a", stopped=False, coldStart=False)
     reconciler.reconcile(NS, "a")
-    assert binder.named("stage") == [("node-b", IMAGE, "ws-a", 8)]
+    assert binder.named("stage")[-1] == ("node-b", IMAGE, "ws-a", 8)  # after the proof's, onto a fork
     (pod,) = kube.pods.values()
     notes = pod["metadata"]["annotations"]
     assert notes[RESTORE_ANNOTATION] == f"/state/images/{IMAGE}.0001"
@@ -196,3 +215,117 @@ def test_a_restore_that_never_runs_gives_way_to_a_cold_start_when_asked(
     (fresh,) = kube.pods.values()
     assert RESTORE_ANNOTATION not in (fresh["metadata"].get("annotations") or {})
     assert kube.status("a")["memoryImage"] is None
+
+
+def test_an_image_is_a_restore_point_only_once_a_pod_restored_from_it_runs(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = setup
+    pause(kube, reconciler, verify=False)
+    record = kube.status("a")["memoryImage"]
+    fork = record["verification"]["workspace"]
+    assert fork.startswith("ws-a-v") and "verifiedAt" not in record
+    # Staged onto a new fork of the workspace at the sealed record, on the image's node.
+    assert binder.named("stage") == [("node-b", IMAGE, "ws-a", 8, fork)]
+    pod = verifier(kube)
+    assert pod["metadata"]["annotations"][RESTORE_ANNOTATION] == f"/state/images/{IMAGE}.0001"
+    assert SANDBOX_UID_LABEL not in pod["metadata"]["labels"]  # never served as the sandbox
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 0
+    assert kube.status("a")["phase"] == "Stopped"
+    # A start meanwhile waits for the proof.
+    kube.update_spec("a", stopped=False, coldStart=False)
+    reconciler.reconcile(NS, "a")
+    condition = next(c for c in kube.status("a")["conditions"] if c["type"] == "Ready")
+    assert condition["reason"] == "Resuming" and "proving" in condition["message"]
+    assert len(binder.named("stage")) == 1
+    run(pod)
+    reconciler.reconcile(NS, "a")
+    assert kube.status("a")["memoryImage"]["verifiedAt"]
+    assert "deletionTimestamp" in verifier(kube)["metadata"]
+    kube.finish_deletions()
+    reconciler.reconcile(NS, "a")  # the proof's workspace goes, then the resume
+    assert binder.named("release") == [fork]
+    assert binder.named("stage")[-1] == ("node-b", IMAGE, "ws-a", 8)
+    (resumed,) = kube.pods.values()
+    run(resumed)
+    reconciler.reconcile(NS, "a")
+    assert kube.status("a")["restoredFrom"] == IMAGE
+
+
+def test_an_image_that_does_not_restore_is_never_resumed_from(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = setup
+    pause(kube, reconciler, verify=False)
+    pod = verifier(kube)
+    pod["status"] = {
+        "phase": "Pending",
+        "containerStatuses": [
+            {"name": "sandbox", "state": {"waiting": {"reason": "RunContainerError", "message": "bad image"}}}
+        ],
+    }
+    reconciler.reconcile(NS, "a")
+    assert "bad image" in kube.status("a")["memoryImage"]["unrestorable"]
+    kube.finish_deletions()
+    reconciler.reconcile(NS, "a")
+    assert len(binder.named("release")) == 1
+    kube.update_spec("a", stopped=False, coldStart=False)
+    reconciler.reconcile(NS, "a")
+    status = kube.status("a")
+    condition = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert status["phase"] == "Failed" and condition["reason"] == "ResumeRefused"
+    assert "did not restore" in condition["message"] and not kube.pods
+    kube.update_spec("a", coldStart=True)
+    reconciler.reconcile(NS, "a")
+    (pod,) = kube.pods.values()
+    assert RESTORE_ANNOTATION not in (pod["metadata"].get("annotations") or {})
+
+
+def test_a_sandbox_deleted_while_its_image_is_proved_takes_the_proof_with_it(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = setup
+    pause(kube, reconciler, verify=False)
+    fork = kube.status("a")["memoryImage"]["verification"]["workspace"]
+    uid = kube.sandboxes["a"]["metadata"]["uid"]
+    assert not reconciler.finalize(NS, "a", uid)
+    assert "deletionTimestamp" in verifier(kube)["metadata"]
+    kube.finish_deletions()
+    assert reconciler.finalize(NS, "a", uid)
+    assert binder.named("release") == [fork]
+
+
+def test_a_forks_child_is_restored_from_its_parents_image_onto_its_own_workspace(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = setup
+    origin = {"image": IMAGE, "workspace": "ws-a", "workspaceSeq": 8, "node": "node-b"}
+    kube.add_sandbox("c", workspace={"id": "ws-c", "forkOf": "ws-a", "size": "10Gi"}, memoryFrom=origin)
+    reconciler.reconcile(NS, "c")
+    assert binder.named("stage") == [("node-b", IMAGE, "ws-a", 8, "ws-c")]
+    (pod,) = [p for p in kube.pods.values() if RESTORE_ANNOTATION in (p["metadata"].get("annotations") or {})]
+    run(pod)
+    reconciler.reconcile(NS, "c")
+    assert kube.status("c")["restoredFrom"] == IMAGE
+    # Restored once: a pod made again later (a changed spec) starts cold.
+    kube.update_spec("c", image="busybox:2")
+    reconciler.reconcile(NS, "c")
+    kube.finish_deletions()
+    reconciler.reconcile(NS, "c")
+    (again,) = [p for p in kube.pods.values() if p["metadata"]["ownerReferences"][0]["name"] == "c"]
+    assert RESTORE_ANNOTATION not in (again["metadata"].get("annotations") or {})
+    assert len(binder.named("stage")) == 1
+
+
+def test_a_forks_child_whose_restore_is_refused_says_why(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = setup
+    binder.refuse["stage"] = "workspace ws-c stands on ws-a at record 9, not on ws-a at record 8"
+    origin = {"image": IMAGE, "workspace": "ws-a", "workspaceSeq": 8, "node": "node-b"}
+    kube.add_sandbox("c", workspace={"id": "ws-c", "forkOf": "ws-a", "size": "10Gi"}, memoryFrom=origin)
+    reconciler.reconcile(NS, "c")
+    status = kube.status("c")
+    condition = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert status["phase"] == "Failed" and condition["reason"] == "ResumeRefused"
+    assert "record 9" in condition["message"] and "start it cold" in condition["message"]

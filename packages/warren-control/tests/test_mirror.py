@@ -179,6 +179,7 @@ def test_a_memory_image_the_controller_recorded_reaches_the_record(
     assert obj is not None
     obj["spec"]["stopped"] = True
     image = {"image": "ab" * 32, "bytes": 2 << 20, "workspaceSeq": 5, "sealedSeq": 8, "capturedAt": "x"}
+    image |= {"verifiedAt": "y", "verification": {"workspace": "ws-v", "ms": 900, "done": True}}
     obj["status"] = {"phase": "Stopped", "memoryImage": image}
     mirror._replace_sandboxes([obj])
     mirror.step(0)

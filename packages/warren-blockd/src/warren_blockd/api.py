@@ -7,7 +7,7 @@
   POST /v1/workspaces/<id>/unmount         {"wait_replicated": seconds}
   POST /v1/workspaces/<id>/flush           {"wait_replicated": seconds}
   POST /v1/images                          {"pod_uid", "workspace"}: capture (memory.py)
-  POST /v1/images/<image>/stage            {"workspace", "workspace_seq"}: fetch, verify
+  POST /v1/images/<image>/stage            {"workspace", "workspace_seq", "into"?}: fetch, verify
   POST /v1/images/discard                  {"pod_uid"}: end the sandbox a capture froze
   GET  /v1/stats      GET /metrics      GET /healthz
 Errors are {"error": code, "message": text, "fix": text} with a 4xx/5xx status. During a
@@ -133,7 +133,9 @@ def routes(daemon: Daemon, images: Images | None = None) -> list[Route]:
         Route(
             "POST",
             "/v1/images/{id}/stage",
-            lambda r: memory().stage(r.params["id"], str(r.body["workspace"]), int(r.body["workspace_seq"])),
+            lambda r: memory().stage(
+                r.params["id"], str(r.body["workspace"]), int(r.body["workspace_seq"]), r.body.get("into")
+            ),
         ),
     ]
 

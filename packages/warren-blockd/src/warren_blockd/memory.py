@@ -41,7 +41,7 @@ from typing import Any
 
 from warren_blockd import chunks
 from warren_blockd.blobs.policy import PolicyStore
-from warren_blockd.daemon import BlockdError
+from warren_blockd.daemon import BlockdError, check_id
 from warren_blockd.errors import CorruptError, NotFoundError
 from warren_blockd.replicator import Receipt
 from warren_blockd.workspace import Workspace
@@ -255,10 +255,14 @@ class Images:
             )
         return doc
 
-    def stage(self, image_id: str, workspace: str, workspace_seq: int) -> dict[str, Any]:
+    def stage(
+        self, image_id: str, workspace: str, workspace_seq: int, into: str | None = None
+    ) -> dict[str, Any]:
         """Fetch and verify the image into a directory runsc can restore from (where the
         host sees it: `path`), only while the workspace is at `workspace_seq`, the generation
-        the caller recorded with the image once its pod was gone."""
+        the caller recorded with the image once its pod was gone. With `into`, the pod to be
+        restored gets a new workspace of that id instead, forked from the workspace at that
+        generation (a verification, or a fork with memory): the original stays as it is."""
         began = time.monotonic()
         doc = self.manifest(image_id)
         if doc["workspace"] != workspace:
@@ -266,24 +270,21 @@ class Images:
                 "workspace_mismatch",
                 f"image {image_id} was captured over workspace {doc['workspace']}, not {workspace}",
             )
-        if self.attached(workspace):
-            raise BlockdError(
-                "busy",
-                f"workspace {workspace} is still attached on this node: its previous pod has not stopped",
-            )
         if workspace_seq < doc["workspace_seq"]:
             raise BlockdError(
                 "workspace_mismatch",
                 f"image {image_id} was captured with workspace {workspace} at write record "
                 f"{doc['workspace_seq']}: record {workspace_seq} is older than that",
             )
-        now = Workspace(self.store, workspace).replicated_seq()
-        if now != workspace_seq:
-            raise BlockdError(
-                "workspace_changed",
-                f"workspace {workspace} is at write record {now}, but image {image_id} is valid "
-                f"over record {workspace_seq}: its memory would not match its files",
-            )
+        if into is None:
+            if self.attached(workspace):
+                raise BlockdError(
+                    "busy",
+                    f"workspace {workspace} is still attached on this node: its previous pod has not stopped",
+                )
+            self._check_seq(workspace, workspace_seq, image_id)
+        else:
+            self._fork_at(workspace, workspace_seq, into, image_id)
         self._prune()
         # A copy of its own for each staging, verified as it is written: a restore reads its
         # image at once, and nothing staged earlier is trusted again.
@@ -298,11 +299,49 @@ class Images:
             shutil.rmtree(work, ignore_errors=True)
         result = {
             "image": image_id,
+            "workspace": into or workspace,
             "path": str(self.host_dir / final.name),
             "stage_ms": round((time.monotonic() - began) * 1000),
         }
         log.info("staged", extra={"fields": result})
         return result
+
+    def _check_seq(self, workspace: str, workspace_seq: int, image_id: str) -> None:
+        now = Workspace(self.store, workspace).replicated_seq()
+        if now != workspace_seq:
+            raise BlockdError(
+                "workspace_changed",
+                f"workspace {workspace} is at write record {now}, but image {image_id} is valid "
+                f"over record {workspace_seq}: its memory would not match its files",
+            )
+
+    def _fork_at(self, source: str, workspace_seq: int, child: str, image_id: str) -> None:
+        """Make sure `child` is a fork of `source` standing on exactly write record
+        `workspace_seq` with nothing of its own: forked now if it does not exist (while the
+        source is at that record), or made earlier (by the control plane while the source
+        was paused, or by a retry of this staging), whatever the source did since."""
+        check_id(child)
+        if child == source:
+            raise BlockdError(
+                "bad_request", f"a restore onto a fork needs a new workspace, not {source} itself"
+            )
+        if self.attached(child):
+            raise BlockdError(
+                "busy", f"workspace {child} is attached on this node: a restore needs it unused"
+            )
+        if not self.store.list(f"workspaces/{child}/manifests/"):
+            self._check_seq(source, workspace_seq, image_id)
+            error = Workspace(self.store, source).fork([child])[child]
+            if error and "already exists" not in error:
+                raise BlockdError("fork_failed", f"forking workspace {source} into {child}: {error}")
+        base = Workspace(self.store, child).fork_base()
+        if base != (source, workspace_seq):
+            stands = f"stands on {base[0]} at record {base[1]}" if base else "has writes of its own"
+            raise BlockdError(
+                "workspace_changed",
+                f"workspace {child} {stands}, not on {source} at record {workspace_seq}: "
+                "the image would not match its files; give the restore a new workspace id",
+            )
 
     def _fetch(self, image_id: str, item: dict[str, Any], work: Path) -> None:
         name = str(item["name"])

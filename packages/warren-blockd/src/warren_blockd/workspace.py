@@ -208,6 +208,17 @@ class Workspace:
         with ThreadPoolExecutor(min(32, max(1, len(child_ids)))) as pool:
             return dict(zip(child_ids, pool.map(one, child_ids), strict=True))
 
+    def fork_base(self) -> tuple[str, int] | None:
+        """(source workspace, its write record) this workspace was forked from, while it has
+        nothing of its own: one generation, naming a base, and no log record after it."""
+        generations = self._generations()
+        if len(generations) != 1 or self._tail(generations[0][1]):
+            return None
+        base = json.loads(self.store.get(generations[0][2])).get("base")
+        if not base:
+            return None
+        return str(base).split("/")[1], int(str(base).rsplit("-", 1)[1])
+
     def _stands_on(self, child: str, key: str) -> bool:
         """Whether `child` is a fork whose first generation names `key` as its base."""
         try:

@@ -67,11 +67,16 @@ class Binder:
         sandbox answers none of the runtime's signals)."""
         return self._post(_node_of(pod), "/v1/discard", {"pod_uid": pod["metadata"]["uid"]}, "the discard")
 
-    def stage(self, node: str, image: str, workspace: str, workspace_seq: int) -> dict[str, Any]:
+    def stage(
+        self, node: str, image: str, workspace: str, workspace_seq: int, into: str | None = None
+    ) -> dict[str, Any]:
         """Fetch and verify `image` on `node` for a pod to be restored from: its `path` there.
         Refused (BindError, naming why) unless `workspace` is at write record `workspace_seq`
-        (what storage proved once the captured pod was gone)."""
-        body = {"image": image, "workspace": workspace, "workspace_seq": workspace_seq}
+        (what storage proved once the captured pod was gone). With `into`, the pod gets that
+        new workspace, a fork of `workspace` at that record, instead."""
+        body: dict[str, Any] = {"image": image, "workspace": workspace, "workspace_seq": workspace_seq}
+        if into is not None:
+            body["into"] = into
         return self._post(node, "/v1/stage", body, "the staging")
 
     def _post(self, node: str, path: str, body: Mapping[str, Any], doing: str) -> dict[str, Any]:

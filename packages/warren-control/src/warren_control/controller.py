@@ -23,6 +23,7 @@ yet; only this controller writes those fields.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -49,6 +50,7 @@ from warren_control.podspec import (
     BIND_AT_CLAIM_ANNOTATION,
     CONTAINER,
     FINALIZER,
+    FORK_SIBLINGS_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     POOL_LABEL,
@@ -82,6 +84,8 @@ from warren_control.podspec import (
     sandbox_workspace_id,
     spec_hash,
     unbound,
+    verifier_of,
+    verify_pod_name,
     with_workspace_id,
 )
 from warren_control.workspaces import WorkspaceStoreError
@@ -157,6 +161,12 @@ STARTING = frozenset(
     {"PodCreating", "PodPending", "ContainerCreating", "PodInitializing", "ContainersNotReady"}
 )
 
+# A memory image is a restore point only once a pod restored from it runs (onto a fork of
+# its workspace, which is then released); one that has not run after this long never will.
+VERIFY_TIMEOUT_SECONDS = 120.0
+# Why a restored container is not running yet, while its restore is still under way.
+RESTORING = frozenset({"ContainerCreating", "PodInitializing"})
+
 # A claim tries this many ready pool pods (each one another claim may have taken first)
 # before the Sandbox starts cold.
 CLAIM_ATTEMPTS = 5
@@ -199,6 +209,40 @@ def _cold_start(sandbox: Mapping[str, Any]) -> bool:
 
 def _restored(pod: Mapping[str, Any]) -> bool:
     return bool(((pod.get("metadata") or {}).get("annotations") or {}).get(RESTORE_ANNOTATION))
+
+
+def _memory_from(sandbox: Mapping[str, Any]) -> Obj | None:
+    """The memory image a fork's child is to be restored from (spec.memoryFrom), until a
+    pod restored from it has run, or the child asked to start afresh."""
+    spec, status = sandbox.get("spec") or {}, sandbox.get("status") or {}
+    origin = spec.get("memoryFrom")
+    if not origin or status.get("restoredFrom") or spec.get("coldStart"):
+        return None
+    return dict(origin)
+
+
+def _restore_verdict(pod: Mapping[str, Any]) -> str | None:
+    """ "" once a restored pod runs (every container restored), why not if its restore
+    failed, None while it is still under way."""
+    status = pod.get("status") or {}
+    containers = status.get("containerStatuses") or []
+    if (
+        status.get("phase") == "Running"
+        and containers
+        and all("running" in (c.get("state") or {}) for c in containers)
+    ):
+        return ""
+    if status.get("phase") in {"Failed", "Succeeded"}:
+        return f"its pod ended ({status.get('reason') or status.get('phase')})"
+    waiting = _waiting(pod)
+    if waiting is not None and waiting[0] not in RESTORING:
+        return f"{waiting[0]}: {waiting[1]}"
+    return None
+
+
+def _since(stamp: str) -> float:
+    """Seconds since an RFC 3339 time this controller wrote (_now)."""
+    return (datetime.now(UTC) - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds()
 
 
 def _waiting(pod: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -531,11 +575,11 @@ class Reconciler:
         if pod is not None and not _terminating(pod):
             pod = self._keep_or_replace(sandbox, pod)
         start: Obj | None = None
-        if pod is None and _memory_image(sandbox) is not None:
-            resumed = self._resume(sandbox)
-            if isinstance(resumed, Observation):
-                return sandbox, resumed
-            pod = resumed
+        if pod is None:
+            sandbox, restored = self._start_from_memory(sandbox)
+            if isinstance(restored, Observation):
+                return sandbox, restored
+            pod = restored
         if pod is None:
             sandbox, pod, start = self._claim(sandbox)
         if pod is None:
@@ -556,6 +600,7 @@ class Reconciler:
         first if the stop asks for that); or, if the capture failed, running on, and why."""
         if pod is None:
             self._seal(sandbox)
+            self._verify(sandbox)
             return None
         if _terminating(pod):
             self._discard(sandbox, pod)  # again: a restart between delete and discard left it frozen
@@ -583,6 +628,9 @@ class Reconciler:
         (a later stop may try anew)."""
         image = _memory_image(sandbox)
         if image is None:
+            origin = _memory_from(sandbox)
+            if origin is not None and seen.phase == "Running" and _restored(pod):
+                self._patch_memory(sandbox, None, restored_from=str(origin["image"]))
             return
         if seen.phase == "Running" and _restored(pod):
             self._patch_memory(sandbox, None, restored_from=str(image.get("image")))
@@ -652,17 +700,31 @@ class Reconciler:
             return
         self._patch_memory(sandbox, {**record, "sealedSeq": sealed})
 
+    def _start_from_memory(self, sandbox: Obj) -> tuple[Obj, Obj | Observation | None]:
+        """(the Sandbox; its pod resumed from its own memory image or, a fork's child,
+        restored from its parent's; why not; or None: it has no image to start from)."""
+        if _memory_image(sandbox) is not None:
+            return sandbox, self._resume(sandbox)
+        if (origin := _memory_from(sandbox)) is not None:
+            return self._restore_fork(sandbox, origin)
+        return sandbox, None
+
     def _resume(self, sandbox: Obj) -> Obj | Observation:
         """A pod restored from the Sandbox's memory image, on the node it was captured on;
         why not, if the image cannot be restored there (never a cold start in its place)."""
         record = _memory_image(sandbox) or {}
         if record.get("error") or _cold_start(sandbox):
             # Nothing was captured, or the caller asked to start afresh: a cold start.
+            if not self._end_verification(sandbox):
+                return Observation(
+                    "Pending", False, "PodCreating", "ending the restore proving its memory image"
+                )
             self._patch_memory(sandbox, None)
             return self._create(sandbox)
-        if "sealedSeq" not in record:
-            self._seal(sandbox)
-            return Observation("Pending", False, "Resuming", "sealing the memory image's workspace")
+        unproven = self._unproven(sandbox)
+        if unproven is not None:
+            return unproven
+        record = _memory_image(sandbox) or {}
         try:
             if self.binder is None:
                 raise BindError("this controller cannot reach the nodes' warren-blockd (no bind token)")
@@ -672,6 +734,174 @@ class Reconciler:
         except BindError as exc:
             return Observation("Failed", False, "ResumeRefused", str(exc))
         return self._create(sandbox, restore=(str(record["node"]), str(staged["path"])))
+
+    def _unproven(self, sandbox: Obj) -> Observation | None:
+        """Why the Sandbox cannot resume from its memory image yet (it is still sealed, or
+        proved by a restore), or never (it did not restore); None once it is a restore point."""
+        if "sealedSeq" not in (_memory_image(sandbox) or {}):
+            self._seal(sandbox)
+            return Observation("Pending", False, "Resuming", "sealing the memory image's workspace")
+        self._verify(sandbox)
+        record = _memory_image(sandbox) or {}
+        if record.get("unrestorable"):
+            return Observation(
+                "Failed",
+                False,
+                "ResumeRefused",
+                f"its memory image did not restore when it was made ({record['unrestorable']}): "
+                "start it cold to start afresh over its workspace",
+            )
+        if not (record.get("verification") or {}).get("done"):
+            return Observation("Pending", False, "Resuming", "proving its memory image restores first")
+        return None
+
+    def _verify(self, sandbox: Obj) -> None:
+        """Prove the sealed memory image restores: a pod restored from it onto a new fork of
+        its workspace at its generation (the sandbox's own workspace is not touched), killed
+        once it runs, its workspace then released. Only then is the image a restore point
+        (verification.done with verifiedAt); one that does not restore is marked
+        unrestorable, and no start resumes from it."""
+        record = _memory_image(sandbox)
+        if not record or record.get("error") or "sealedSeq" not in record:
+            return
+        check: Obj = dict(record.get("verification") or {})
+        if check.get("done"):
+            return
+        meta = sandbox["metadata"]
+        pod = self._verifier(str(meta["namespace"]), str(meta["uid"]))
+        if record.get("verifiedAt") or record.get("unrestorable"):
+            if pod is None:  # its work is done and its pod gone: its workspace goes too
+                self._release(str(check["workspace"]))
+                self._patch_memory(sandbox, {**record, "verification": {**check, "done": True}})
+            elif not _terminating(pod):
+                self._delete(pod)
+        elif pod is None:
+            if check.get("workspace"):  # its pod went before it proved anything: anew
+                self._release(str(check["workspace"]))
+            self._start_verification(sandbox, record)
+        elif not _terminating(pod):
+            self._judge(sandbox, record, pod)
+
+    def _end_verification(self, sandbox: Mapping[str, Any]) -> bool:
+        """End a verification that will not finish (its image is dropped, or the Sandbox
+        deleted): True once its pod is gone and its workspace released."""
+        check = (_memory_image(sandbox) or {}).get("verification") or {}
+        if not check.get("workspace") or check.get("done"):
+            return True
+        meta = sandbox["metadata"]
+        pod = self._verifier(str(meta["namespace"]), str(meta["uid"]))
+        if pod is not None:
+            if not _terminating(pod):
+                self._delete(pod)
+            return False
+        self._release(str(check["workspace"]))
+        return True
+
+    def _judge(self, sandbox: Obj, record: Obj, pod: Obj) -> None:
+        """Record what the verifying pod showed, once it shows it, and let the pod go."""
+        check: Obj = dict(record.get("verification") or {})
+        verdict = _restore_verdict(pod)
+        if verdict is None and _since(str(check["startedAt"])) >= VERIFY_TIMEOUT_SECONDS:
+            verdict = f"a pod restored from it did not run within {VERIFY_TIMEOUT_SECONDS:.0f} s"
+        if verdict is None:
+            return  # its pod's events bring the next pass, and the timeout's pass comes
+        name = sandbox["metadata"]["name"]
+        if verdict:
+            log.warning("the memory image of %s did not restore: %s", name, verdict)
+            self._patch_memory(sandbox, {**record, "unrestorable": verdict})
+        else:
+            took = round(_since(str(check["startedAt"])) * 1000)
+            self._patch_memory(
+                sandbox, {**record, "verifiedAt": _now(), "verification": {**check, "ms": took}}
+            )
+            log.info("the memory image of %s restores (%d ms)", name, took)
+        self._delete(pod)
+
+    def _start_verification(self, sandbox: Obj, record: Obj) -> None:
+        """Stage the image onto a new fork of its workspace and make the pod that proves it."""
+        uid = str(sandbox["metadata"]["uid"])
+        workspace = f"{record['workspace']}-v{secrets.token_hex(3)}"
+        node = str(record["node"])
+        # Recorded before the fork exists, so that it is released whatever happens next.
+        self._patch_memory(sandbox, {**record, "verification": {"workspace": workspace, "startedAt": _now()}})
+        try:
+            if self.binder is None:
+                raise BindError("this controller cannot reach the nodes' warren-blockd (no bind token)")
+            staged = self.binder.stage(
+                node, str(record["image"]), str(record["workspace"]), int(record["sealedSeq"]), into=workspace
+            )
+            body = self._restored_pod(sandbox, workspace, str(record["workspace"]), node, str(staged["path"]))
+        except (BindError, SandboxSpecError) as exc:
+            self._patch_memory(sandbox, {**(_memory_image(sandbox) or {}), "unrestorable": str(exc)})
+            return
+        try:
+            pod = self.kube.create_pod(str(sandbox["metadata"]["namespace"]), verifier_of(body, uid))
+        except ApiException as exc:
+            if exc.status != HTTPStatus.CONFLICT:  # made by a pass that raced this one
+                raise
+            return
+        self.request_pass_later(pod, VERIFY_TIMEOUT_SECONDS + 1)
+        log.info(
+            "verifying the memory image of %s in pod %s", sandbox["metadata"]["name"], pod["metadata"]["name"]
+        )
+
+    def _restored_pod(self, sandbox: Obj, workspace: str, source: str, node: str, path: str) -> Obj:
+        """The Sandbox's pod restored from the image staged at `path` on `node`, over
+        `workspace`, a fork of the image's own workspace `source`."""
+        shadow = copy.deepcopy(sandbox)
+        spec = shadow["spec"]
+        spec["workspace"] = {**(spec.get("workspace") or {}), "id": workspace, "forkOf": source}
+        (shadow["metadata"].get("annotations") or {}).pop(FORK_SIBLINGS_ANNOTATION, None)
+        body = pod_for(
+            shadow, options=self.options.pod, workspace_volume=self.options.workspace(shadow), node=node
+        )
+        return restored_from(body, path)
+
+    def _verifier(self, namespace: str, uid: str) -> Obj | None:
+        name = verify_pod_name(uid)
+        pod = (
+            self.pods.get(namespace, name)
+            if self.pods.synced(namespace)
+            else self.kube.read_pod(namespace, name)
+        )
+        return pod if pod is not None and controller_uid(pod) == uid else None
+
+    def _release(self, workspace: str) -> None:
+        """Remove a workspace only this controller made (a verification's fork) from storage."""
+        release = self.options.release_workspace
+        if release is None:
+            log.warning("workspace %s stays in storage: this controller cannot release workspaces", workspace)
+            return
+        try:
+            release(workspace)
+        except Exception:  # the store away: the workspace stays, and the log says so
+            log.warning("releasing workspace %s failed", workspace, exc_info=True)
+
+    def _restore_fork(self, sandbox: Obj, origin: Obj) -> tuple[Obj, Obj | Observation]:
+        """(the Sandbox, its workspace bound; its pod restored from its parent's memory image,
+        spec.memoryFrom, onto its own workspace, forked from the parent's at the image's
+        generation on the image's node, or why not)."""
+        if self._workspaces and unbound(sandbox):
+            sandbox = self._bind(sandbox, ids.new_workspace_id())
+        workspace = sandbox_workspace_id(sandbox)
+        try:
+            if self.binder is None or workspace is None:
+                raise BindError("this controller cannot reach the nodes' warren-blockd (no bind token)")
+            staged = self.binder.stage(
+                str(origin["node"]),
+                str(origin["image"]),
+                str(origin["workspace"]),
+                int(origin["workspaceSeq"]),
+                into=workspace,
+            )
+        except BindError as exc:
+            return sandbox, Observation(
+                "Failed",
+                False,
+                "ResumeRefused",
+                f"restoring it from its parent's memory image failed ({exc}); start it cold to start afresh",
+            )
+        return sandbox, self._create(sandbox, restore=(str(origin["node"]), str(staged["path"])))
 
     def _patch_memory(self, sandbox: Obj, record: Obj | None, restored_from: str | None = None) -> None:
         """status.memoryImage (None removes it) and, after a resume, status.restoredFrom."""
@@ -1251,6 +1481,9 @@ class Reconciler:
                     self.kube.delete_pod(namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
                     log.info("deleting %s/%s: deleted pod %s", namespace, name, pod["metadata"]["name"])
             if pods:
+                return False
+            known = sandbox if sandbox is not None else self.sandboxes.get(namespace, name)
+            if known is not None and known["metadata"]["uid"] == uid and not self._end_verification(known):
                 return False
         with self._guard:
             self._locks.pop(f"{namespace}/{name}", None)

@@ -98,19 +98,35 @@ def memory_condition(status: Obj) -> dict[str, Any] | None:
     if record.get("error"):
         return _memory("False", "CaptureFailed", f"capturing its memory failed: {record['error']}")
     if record.get("image"):
-        size = f"{int(record.get('bytes') or 0) / (1 << 20):.1f} MiB"
-        if "sealedSeq" not in record:
-            stopping = f"a memory image of {size}: its workspace is still stopping"
-            return _memory("Unknown", "Sealing", stopping)
-        return _memory(
-            "True",
-            "Captured",
-            f"a memory image of {size}, captured at {record.get('capturedAt')}, valid over "
-            f"the workspace's write record {record['sealedSeq']}: a start resumes from it",
-        )
+        return _image_condition(record)
     if status.get("restoredFrom"):
         return _memory("False", "Restored", "resumed from its memory image")
     return None
+
+
+def _image_condition(record: Obj) -> dict[str, Any]:
+    """A captured image: its workspace still stopping, being proved by a restore, proved
+    (a restore point), or found not to restore."""
+    size = f"{int(record.get('bytes') or 0) / (1 << 20):.1f} MiB"
+    check = record.get("verification") or {}
+    if "sealedSeq" not in record:
+        return _memory("Unknown", "Sealing", f"a memory image of {size}: its workspace is still stopping")
+    if record.get("unrestorable"):
+        return _memory(
+            "False",
+            "Unrestorable",
+            f"a memory image of {size} that did not restore ({record['unrestorable']}): "
+            "no start resumes from it; start the sandbox cold",
+        )
+    if not (record.get("verifiedAt") and check.get("done")):
+        return _memory("Unknown", "Verifying", f"a memory image of {size}: proving it restores")
+    return _memory(
+        "True",
+        "Captured",
+        f"a memory image of {size}, captured at {record.get('capturedAt')}, valid over "
+        f"the workspace's write record {record['sealedSeq']}, restored in "
+        f"{int(check.get('ms') or 0)} ms when it was made: a start resumes from it",
+    )
 
 
 def _memory(state: str, reason: str, message: str) -> dict[str, Any]:

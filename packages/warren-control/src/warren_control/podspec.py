@@ -31,6 +31,8 @@ POOL_KIND = "SandboxPool"
 SANDBOX_LABEL = "warren.dev/sandbox"
 SANDBOX_UID_LABEL = "warren.dev/sandbox-uid"
 SANDBOX_NAME_LABEL = "warren.dev/sandbox-name"
+# On a pod that only proves a Sandbox's memory image restores: the Sandbox's uid.
+VERIFIES_LABEL = "warren.dev/verifies"
 # The workspace a pod mounts: forks find their parent's pod (and node) by it.
 WORKSPACE_LABEL = "warren.dev/workspace"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -705,6 +707,26 @@ def restored_from(pod: Obj, image_path: str) -> Obj:
     restored = copy.deepcopy(pod)
     restored["metadata"].setdefault("annotations", {})[RESTORE_ANNOTATION] = image_path
     return restored
+
+
+def verify_pod_name(sandbox_uid: str) -> str:
+    """The name of the pod that proves a Sandbox's memory image restores."""
+    return pod_name(sandbox_uid) + "-verify"
+
+
+def verifier_of(restored: Obj, sandbox_uid: str) -> Obj:
+    """A restored pod (restored_from) made into one that only proves its image restores:
+    named apart and without the Sandbox's uid label, so nothing serves it or counts it as
+    the Sandbox's pod; still owned by the Sandbox, whose passes its events bring and whose
+    deletion takes it. Killed at once when it has proved it: nothing of it is kept."""
+    pod = copy.deepcopy(restored)
+    pod["metadata"]["name"] = verify_pod_name(sandbox_uid)
+    labels = pod["metadata"]["labels"]
+    for key in (SANDBOX_UID_LABEL, SANDBOX_NAME_LABEL):
+        labels.pop(key, None)
+    labels[VERIFIES_LABEL] = sandbox_uid
+    pod["spec"]["terminationGracePeriodSeconds"] = 0
+    return pod
 
 
 def has_agent(pod: Mapping[str, Any]) -> bool:

@@ -6,8 +6,9 @@ them off private ranges; the token keeps everyone else out).
   POST /v1/bind  {"pod_uid", "workspace", and one of "forkOf" | "template" | "size"}
                  -> {"workspace", "how"}: forked, from template, created, restored, already bound
   POST /v1/capture  {"pod_uid", "workspace"} -> {"image", "workspace_seq", "bytes", ...}
-  POST /v1/stage    {"image", "workspace", "workspace_seq"} -> {"image", "path"}: where the
-                    host has it, verified, if the workspace is at that write record
+  POST /v1/stage    {"image", "workspace", "workspace_seq", "into"?} -> {"image", "workspace",
+                    "path"}: where the host has it, verified, if the workspace is at that write
+                    record; with "into", onto a new fork of the workspace at that record
   POST /v1/discard  {"pod_uid"}              -> the sandbox a capture froze, killed
 
 Capture and stage are the daemon's (warren_blockd.memory), passed on as they are asked.
@@ -84,6 +85,8 @@ def routes(publisher: Publisher) -> list[Route]:
             "workspace": str(request.body["workspace"]),
             "workspace_seq": int(request.body["workspace_seq"]),
         }
+        if request.body.get("into"):
+            body["into"] = str(request.body["into"])
         return publisher.client.request("POST", f"/v1/images/{image}/stage", body)
 
     def discard(request: Request) -> Any:

@@ -141,9 +141,17 @@ def org_hash(org_id: str) -> str:
     return hashlib.sha256(org_id.encode()).hexdigest()[:32]
 
 
-def resource_for(record: Sandbox, namespace: str, stamp_key: bytes, *, siblings: int | None = None) -> Obj:
+def resource_for(
+    record: Sandbox,
+    namespace: str,
+    stamp_key: bytes,
+    *,
+    siblings: int | None = None,
+    memory: Obj | None = None,
+) -> Obj:
     """The record's Sandbox resource; a fork's child also says how many children its fork
-    makes (`siblings`), for the node to fork them with one freeze."""
+    makes (`siblings`), for the node to fork them with one freeze, and the memory image it
+    is restored from (`memory`: its parent's status.memoryImage), if it is."""
     spec = record.spec
     body: Obj = {
         "image": spec["image"],
@@ -176,6 +184,13 @@ def resource_for(record: Sandbox, namespace: str, stamp_key: bytes, *, siblings:
         source = workspace.get("fork_of") or workspace.get("template")
         if source:
             body["workspace"]["forkOf"] = source
+    if memory is not None:
+        body["memoryFrom"] = {
+            "image": memory["image"],
+            "workspace": memory["workspace"],
+            "workspaceSeq": memory["sealedSeq"],
+            "node": memory["node"],
+        }
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,

@@ -35,7 +35,7 @@ from warren_control.observation import converge, start_ended, start_report
 from warren_control.podspec import has_agent, sandbox_pod_name, starts_agent
 from warren_control.scrub import scrub
 from warren_control.templates import Template
-from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore
+from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore, WorkspaceStoreError
 
 log = logging.getLogger(__name__)
 
@@ -381,13 +381,17 @@ class ApiService:
 
     # ---- writing resources
 
-    def write_resource(self, record: Sandbox, siblings: int | None = None) -> str | None:
-        """Create the record's Sandbox resource (one of a fork into `siblings`); on failure,
-        withdraw the record (and any resource a timed-out create may have left) and return
-        why."""
+    def write_resource(
+        self, record: Sandbox, siblings: int | None = None, memory: Obj | None = None
+    ) -> str | None:
+        """Create the record's Sandbox resource (one of a fork into `siblings`, restored
+        from `memory` if given); on failure, withdraw the record (and any resource a
+        timed-out create may have left) and return why."""
         try:
             self.cluster.create(
-                resource_for(record, self.settings.namespace, self.settings.stamp_key, siblings=siblings)
+                resource_for(
+                    record, self.settings.namespace, self.settings.stamp_key, siblings=siblings, memory=memory
+                )
             )
         except ClusterError as exc:
             log.warning("creating the Sandbox resource failed: %s", exc)
@@ -593,6 +597,7 @@ class ApiService:
         gives the children a lifetime of their own (from now) instead of their parent's."""
         self.need_workspaces("a fork")
         self.workspace_of(who, sandbox_id)  # a pooled sandbox's is bound when it starts
+        memory = restore_point(self.cluster.read(self.object_name(who, sandbox_id)))
         made: list[tuple[int, Sandbox]] = []
 
         def action(session: Session) -> tuple[int, Any]:
@@ -602,22 +607,12 @@ class ApiService:
                 raise ApiError(409, "conflict", "the sandbox is being deleted")
             if not parent.workspace_id:  # bound before this transaction, if it ever was
                 raise ApiError(409, "conflict", "the sandbox has no workspace to fork")
-            spec = {
-                **parent.spec,
-                "stopped": False,
-                "workspace": {
-                    "size_gib": (parent.spec.get("workspace") or {}).get("size_gib", 10),
-                    "template": None,
-                    "fork_of": parent.workspace_id,
-                },
-                "forked_from": parent.id,
-            }
+            spec = fork_spec(parent, memory)
             if lifetime_s is not None:
                 check_lifetime(org, lifetime_s)
                 spec["max_lifetime_s"] = lifetime_s
-            spec.pop("pool_skipped", None)
             template = self.pool_for(parent.spec)
-            from_pool = template in self.settings.fork_pools
+            from_pool = template in self.settings.fork_pools and memory is None
             if from_pool:
                 spec["pool"] = fork_pool_name(str(template))
             results: list[dict[str, Any]] = []
@@ -647,7 +642,7 @@ class ApiService:
         # reached the controller over a quarter of a second, and its children's binds too.
         children = [] if replayed else made
         with ThreadPoolExecutor(max(1, min(MAX_PARALLEL_CREATES, len(children)))) as pool:
-            failures = list(pool.map(lambda item: self.write_resource(item[1], siblings=count), children))
+            failures = list(pool.map(lambda item: self._write_child(item[1], count, memory), children))
         for (index, _), failure in zip(children, failures, strict=True):
             if failure is not None:
                 code, message = failure.split(":", 1)
@@ -656,6 +651,19 @@ class ApiService:
         if changed:
             self.restate(who.org, key, status, response)
         return status, response, replayed
+
+    def _write_child(self, child: Sandbox, siblings: int, memory: Obj | None) -> str | None:
+        """Write a fork's child's resource. A child restored from memory gets its workspace
+        now, while the parent is paused: a fork at exactly the generation its image is valid
+        over, whatever the parent does next. (Without the store, the node forks it when the
+        child is restored, if the parent has not moved on by then.)"""
+        store_ = self.settings.workspace_store
+        if memory is not None and store_ is not None and child.workspace_id:
+            try:
+                store_.copy(str(memory["workspace"]), child.workspace_id)
+            except WorkspaceStoreError as exc:
+                log.warning("forking the workspace of %s ahead of its restore failed: %s", child.id, exc)
+        return self.write_resource(child, siblings=siblings, memory=memory)
 
     def set_stopped(
         self, who: Identity, sandbox_id: str, stopped: bool, *, memory: bool = False, cold: bool = False
@@ -684,6 +692,37 @@ class ApiService:
                 record.touch()  # starting is activity, and restarts a timer the reaper paused
             session.flush()
             return self.public(record)
+
+
+def fork_spec(parent: Sandbox, memory: Obj | None) -> dict[str, Any]:
+    """The spec of a fork's children: the parent's, over forks of its workspace, each
+    restored from its memory image if it has one that is a restore point (`memory`)."""
+    spec = {
+        **parent.spec,
+        "stopped": False,
+        "workspace": {
+            "size_gib": (parent.spec.get("workspace") or {}).get("size_gib", 10),
+            "template": None,
+            "fork_of": parent.workspace_id,
+        },
+        "forked_from": parent.id,
+    }
+    spec.pop("pool_skipped", None)
+    spec.pop("memory_from", None)
+    if memory is not None:
+        spec["memory_from"] = memory["image"]
+    return spec
+
+
+def restore_point(obj: Obj | None) -> Obj | None:
+    """A paused Sandbox's memory image (status.memoryImage), if it is a restore point: sealed,
+    proved by a restore, not dropped by a start. A fork's children are restored from it."""
+    spec, status = (obj or {}).get("spec") or {}, (obj or {}).get("status") or {}
+    record = status.get("memoryImage") or {}
+    proved = record.get("verifiedAt") and (record.get("verification") or {}).get("done")
+    if not spec.get("stopped") or not proved or record.get("unrestorable"):
+        return None
+    return dict(record)
 
 
 def wakes(record: Sandbox) -> bool:
