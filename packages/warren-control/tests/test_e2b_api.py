@@ -269,7 +269,7 @@ def test_where_memory_is_kept_e2bs_pause_keeps_it_and_a_reboot_starts_cold(
         org = new_org(served)
         sandbox = Sandbox.create("base", **org.opts)
         object_name = record(served, sandbox.sandbox_id).object_name
-        assert sandbox.pause(mode="full") is True
+        assert sandbox.pause() is True  # E2B's default: memory and filesystem
         spec = standin.get(object_name)["spec"]
         assert spec["stopped"] is True and spec["memoryCapture"] is True
         Sandbox.connect(sandbox.sandbox_id, **org.opts)  # on_resume "restore": from the memory
@@ -330,7 +330,7 @@ def test_a_sandbox_whose_agent_is_copied_in_pauses_its_files_only(stack_url: str
         spec = standin.get(record(served, small.sandbox_id).object_name)["spec"]
         assert spec["stopped"] is True and spec["memoryCapture"] is False
         base = Sandbox.create("base", **org.opts)
-        assert base.pause(mode="full") is True
+        assert base.pause() is True
         assert standin.get(record(served, base.sandbox_id).object_name)["spec"]["memoryCapture"] is True
 
 

@@ -124,14 +124,16 @@ def _unauthenticated(message: str) -> _EdgeError:
 
 
 def _client(
-    transport: httpx.AsyncBaseTransport | None, *, connect_s: float, keepalive: int
+    transport: httpx.AsyncBaseTransport | None, *, connect_s: float, keepalive: int, idle_s: float = 5.0
 ) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         transport=transport,
         # No read timeout: an exec stream or a command's output may be quiet for a long time
         # and still be alive.
         timeout=httpx.Timeout(connect=connect_s, read=None, write=60.0, pool=10.0),
-        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=keepalive),
+        limits=httpx.Limits(
+            max_connections=1000, max_keepalive_connections=keepalive, keepalive_expiry=idle_s
+        ),
         follow_redirects=False,
         # Proxy settings in the environment must not divert the call.
         trust_env=False,
@@ -319,8 +321,13 @@ class _Edge:
 
     def open_sandbox_client(self) -> httpx.AsyncClient:
         if self.sandbox_client is None:
-            # Pods answer a connection at once: a short wait finds a moved pod sooner.
-            self.sandbox_client = _client(self.sandbox_transport, connect_s=2.0, keepalive=200)
+            # Pods answer a connection at once: a short wait finds a moved pod sooner. A kept
+            # connection is reused for a second at most: a sandbox paused with its memory is
+            # frozen and then killed, so its connections are never closed, and one reused after
+            # the pod went would wait for an answer forever (no read timeout). No pause and
+            # resume fits in a second; a new connection to the old address fails to connect,
+            # which finds the new pod (below).
+            self.sandbox_client = _client(self.sandbox_transport, connect_s=2.0, keepalive=200, idle_s=1.0)
         return self.sandbox_client
 
     async def close(self) -> None:

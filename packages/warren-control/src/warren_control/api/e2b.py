@@ -590,9 +590,8 @@ def pause(sandbox_id: str, who: Who, api: Api, body: PauseBody | None = None) ->
     if _state(answer) == "paused":
         raise ApiError(409, "conflict", f"sandbox {sandbox_id} is already paused")
     api.need_workspaces("pausing (only the workspace outlives the processes)")
-    # Memory only when asked for: a resume from memory through the edge has been seen to
-    # time out on its first file read (under investigation), so the default keeps files.
-    memory = bool(asked)
+    # E2B's pause keeps memory: so does Warren's where it can, unless asked not to.
+    memory = refused is None if asked is None else asked
     api.set_stopped(who, warren_id(sandbox_id), True, memory=memory)
     return Response(status_code=204)
 
