@@ -160,17 +160,35 @@ def gone(core: client.CoreV1Api, pod: Any) -> None:
     wait_for(f"pod {pod.metadata.name} gone", absent, timeout=120)
 
 
-def flip_a_byte(core: client.CoreV1Api, image: str) -> str:
-    """Flip one byte of the first stored piece of `image`'s first file, in object storage,
-    through the node's warren-blockd and its own store client: the piece's key."""
+def in_blockd(core: client.CoreV1Api, script: str) -> str:
+    """The last line a Python `script` prints, run in the node's warren-blockd with `store`,
+    its own client of the deployment's object storage."""
     blockd = core.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=warren-blockd").items[0]
     args = blockd.spec.containers[0].args
     store = next(a.split("=", 1)[1] for a in args if a.startswith("--store="))
     endpoint = next((a.split("=", 1)[1] for a in args if a.startswith("--s3-endpoint=")), None)
-    script = f"""
+    prelude = f"from warren_blockd.stores import open_store\nstore = open_store({store!r}, {endpoint!r})\n"
+    out = stream(
+        core.connect_get_namespaced_pod_exec,
+        blockd.metadata.name,
+        SYSTEM,
+        container="blockd",
+        command=["/opt/warren/blockd/bin/python", "-c", prelude + script],
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+    )
+    return str(out).strip().splitlines()[-1]
+
+
+def flip_a_byte(core: client.CoreV1Api, image: str) -> str:
+    """Flip one byte of the first stored piece of `image`'s first file, in object storage:
+    the piece's key."""
+    return in_blockd(
+        core,
+        f"""
 import json
-from warren_blockd.stores import open_store
-store = open_store({store!r}, {endpoint!r})
 doc = json.loads(store.get("images/{image}"))
 digest = doc["files"][0]["pieces"][0]
 key = "images/chunks/" + digest[:2] + "/" + digest
@@ -178,19 +196,8 @@ data = bytearray(store.get(key))
 data[len(data) // 2] ^= 0x01
 store.put(key, bytes(data))
 print(key)
-"""
-    out = stream(
-        core.connect_get_namespaced_pod_exec,
-        blockd.metadata.name,
-        SYSTEM,
-        container="blockd",
-        command=["/opt/warren/blockd/bin/python", "-c", script],
-        stderr=True,
-        stdin=False,
-        stdout=True,
-        tty=False,
+""",
     )
-    return str(out).strip().splitlines()[-1]
 
 
 def sandbox_status(api: client.ApiClient, pod: Any) -> dict[str, Any]:
@@ -301,33 +308,16 @@ def test_an_idle_sandbox_that_pauses_is_paused_and_its_next_exec_resumes_it(
 
 
 def in_storage(core: client.CoreV1Api, workspace: str) -> bool:
-    """Whether object storage still holds `workspace` (asked through the node's warren-blockd
-    and its own store client)."""
-    blockd = core.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=warren-blockd").items[0]
-    args = blockd.spec.containers[0].args
-    store = next(a.split("=", 1)[1] for a in args if a.startswith("--store="))
-    endpoint = next((a.split("=", 1)[1] for a in args if a.startswith("--s3-endpoint=")), None)
+    """Whether object storage still holds `workspace`."""
     script = f"""
-from warren_blockd.stores import open_store
 from warren_blockd.workspace import Workspace
 try:  # a released workspace, or one never stored, is refused
-    Workspace(open_store({store!r}, {endpoint!r}), {workspace!r}).replicated_seq()
+    Workspace(store, {workspace!r}).replicated_seq()
     print("kept")
 except Exception:
     print("gone")
 """
-    out = stream(
-        core.connect_get_namespaced_pod_exec,
-        blockd.metadata.name,
-        SYSTEM,
-        container="blockd",
-        command=["/opt/warren/blockd/bin/python", "-c", script],
-        stderr=True,
-        stdin=False,
-        stdout=True,
-        tty=False,
-    )
-    return str(out).strip().splitlines()[-1] == "kept"
+    return in_blockd(core, script) == "kept"
 
 
 def test_a_paused_sandbox_is_proved_by_a_restore_and_forks_with_its_memory(
