@@ -359,6 +359,11 @@ def test_a_paused_sandbox_is_proved_by_a_restore_and_forks_with_its_memory(
             assert memory_condition(platform, child, "Restored") is not None
             names = platform.run(child, ["sh", "-c", "hostname; cat /proc/sys/kernel/random/boot_id"])
             print("child", child, "hostname and boot id:", names.stdout.decode().split())
+        # Fresh entropy: the first bytes each child's kernel gives after the restore differ
+        # (a random generator restored with the image would give every child the same).
+        draw = ["sh", "-c", "head -c 16 /dev/urandom | od -An -tx1"]
+        drawn = {platform.run(child, draw).stdout for child in children}
+        assert len(drawn) == len(children), "two children of one image drew the same random bytes"
         # Each its own sandbox: a write in one is seen in no other, nor in the parent's.
         platform.run(children[0], ["sh", "-c", "echo mine > /workspace/mine && sync"], timeout=60)
         seen = platform.run(children[1], ["cat", "/workspace/mine"], timeout=60)
