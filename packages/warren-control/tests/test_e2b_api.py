@@ -796,3 +796,56 @@ def test_a_fork_of_a_template_with_a_fork_pool_names_it_in_each_child_within_the
         for spec, result in zip(specs, forked.json()["results"], strict=True):
             assert spec["workspace"]["forkOf"] == "ws_parent"
             assert spec["workspace"]["id"] == result["sandbox"]["workspace_id"]
+
+
+def test_an_e2b_fork_of_a_running_sandbox_keeps_its_memory(stack_url: str, standin: StandIn) -> None:
+    """E2B's fork keeps memory: the sandbox is paused with it until its image is a restore
+    point, each child's resource names that image, and the sandbox is resumed (its id kept)."""
+    image = "ef" * 32
+    with serve_stack(stack_url, standin, templates=TEMPLATES, start_wait_s=30, memory_capture=True) as served:
+        org = new_org(served)
+        stop = play_controller(standin, {"phase": "Running"}, after_s=0.1)
+        try:
+            sandbox = Sandbox.create("base", **org.opts)
+            name = record(served, sandbox.sandbox_id).object_name
+            parent = record(served, sandbox.sandbox_id)
+            done = threading.Event()
+
+            def capture_then_resume() -> None:
+                # The controller's part for the parent: a proved image once it is paused with
+                # its memory, Running again once it is started.
+                proved = False
+                while not done.wait(0.05):
+                    obj = standin.get(name) or {}
+                    spec, generation = obj["spec"], obj["metadata"]["generation"]
+                    if spec.get("stopped") and spec.get("memoryCapture") and not proved:
+                        memory = {
+                            "image": image,
+                            "workspace": parent.workspace_id,
+                            "sealedSeq": 4,
+                            "node": "node-a",
+                            "verifiedAt": "x",
+                            "verification": {"workspace": "ws-v", "done": True, "ms": 900},
+                        }
+                        status = {"phase": "Stopped", "observedGeneration": generation, "memoryImage": memory}
+                        standin.set_status(name, status)
+                        proved = True
+                    elif proved and not spec.get("stopped"):
+                        standin.set_status(name, {"phase": "Running", "observedGeneration": generation})
+                        return
+
+            threading.Thread(target=capture_then_resume, daemon=True).start()
+            children = sandbox.fork(count=2)
+            done.set()
+            assert all(isinstance(child, Sandbox) for child in children)
+            for child in children:
+                spec = (standin.get(record(served, child.sandbox_id).object_name) or {})["spec"]
+                assert (
+                    spec["memoryFrom"]["image"] == image
+                    and spec["workspace"]["forkOf"] == parent.workspace_id
+                )
+            spec = (standin.get(name) or {})["spec"]
+            assert spec["stopped"] is False and spec["memoryCapture"] is True  # resumed from its image
+            assert record(served, sandbox.sandbox_id).phase is SandboxPhase.RUNNING
+        finally:
+            stop.set()

@@ -50,7 +50,7 @@ from starlette.concurrency import run_in_threadpool
 from warren_control import agentclient, ids, keys, store
 from warren_control.api.errors import ApiError, ClusterError
 from warren_control.api.params import Api, IdempotencyKey, Who
-from warren_control.api.service import ApiService
+from warren_control.api.service import ApiService, restore_point
 from warren_control.api.shapes import CreateSandboxRequest, WorkspaceRequest
 from warren_control.identity import Identity
 from warren_control.models import Sandbox, SandboxPhase, Snapshot, utcnow
@@ -786,16 +786,29 @@ def fork(
     body: ForkBody | None = None,
     key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)] = None,
 ) -> Response:
+    """E2B's fork keeps memory: a running sandbox whose memory can be captured is paused with
+    it until its image is a restore point, each child is restored from that image, and the
+    sandbox resumes from it (it keeps its id and timeout). Otherwise the children start the
+    command afresh on forks of its workspace."""
     body = body or ForkBody()
-    record(api, who, sandbox_id)
-    _, answer, _ = api.fork(
-        who,
-        warren_id(sandbox_id),
-        body.count,
-        key,
-        route=f"/sandboxes/{sandbox_id}/fork",
-        lifetime_s=body.timeout or DEFAULT_TIMEOUT_S,
+    parent = record(api, who, sandbox_id)
+    held = (
+        _state(parent) == "running"
+        and api.capture_refusal(parent["spec"]["image"]) is None
+        and held_with_memory(api, who, parent["id"])
     )
+    try:
+        _, answer, _ = api.fork(
+            who,
+            warren_id(sandbox_id),
+            body.count,
+            key,
+            route=f"/sandboxes/{sandbox_id}/fork",
+            lifetime_s=body.timeout or DEFAULT_TIMEOUT_S,
+        )
+    finally:
+        if held:
+            api.set_stopped(who, parent["id"], False)
     results: list[dict[str, Any]] = []
     for result in answer["results"]:
         if result["ok"]:
@@ -810,7 +823,35 @@ def fork(
                 429 if result["error"] == "quota_exceeded" else 400 if result["error"] == "forbidden" else 503
             )
             results.append({"error": {"code": code, "message": result["message"]}})
+    if held:
+        running(api, who, parent["id"])
     return JSONResponse(results, status_code=201)
+
+
+def held_with_memory(api: ApiService, who: Identity, sandbox_id: str) -> bool:
+    """Pause a running sandbox with its memory until its image is a restore point (proved by
+    a restore), at most the deployment's start wait: whether it became one. If not (the
+    capture failed, the image did not restore, or the wait ran out), it is started again."""
+    api.set_stopped(who, sandbox_id, True, memory=True)
+    name = api.object_name(who, sandbox_id)
+    deadline = time.monotonic() + api.settings.start_wait_s
+    why = f"not a restore point within {api.settings.start_wait_s:.0f} s"
+    while time.monotonic() < deadline:
+        obj = api.cluster.read(name) or {}
+        if restore_point(obj) is not None:
+            return True
+        image = (obj.get("status") or {}).get("memoryImage") or {}
+        if image.get("unrestorable"):
+            why = f"its memory image did not restore: {image['unrestorable']}"
+            break
+        if image.get("error"):
+            why = f"capturing its memory failed: {image['error']}"
+            break
+        time.sleep(0.2)
+    log.warning("forking %s without its memory: %s", sandbox_id, why)
+    # An image that did not restore cannot be resumed from: the sandbox starts afresh.
+    api.set_stopped(who, sandbox_id, False, cold=why.startswith("its memory image did not restore"))
+    return False
 
 
 def not_found(sandbox_id: str) -> ApiError:
