@@ -285,13 +285,48 @@ def test_a_paused_sandbox_resumes_with_its_memory_and_a_bad_image_is_refused(
         )
 
 
+# Run in a warren-control pod with its own database settings: the sandbox id is argv[1].
+IDLE_SINCE_A_MINUTE = """
+import os, sys
+import sqlalchemy
+moving = "UPDATE sandboxes SET idle_deadline_at = idle_deadline_at - interval '60 seconds' WHERE id = :id"
+with sqlalchemy.create_engine(os.environ["WARREN_DATABASE_URL"]).begin() as db:
+    print(db.execute(sqlalchemy.text(moving), {"id": sys.argv[1]}).rowcount)
+"""
+
+
+def idle_since_a_minute(core: client.CoreV1Api, sandbox_id: str) -> None:
+    """Move the sandbox's idle deadline a minute earlier in the control plane's records."""
+    selector = "app.kubernetes.io/name=warren-control"
+    control = next(
+        p
+        for p in core.list_namespaced_pod(SYSTEM, label_selector=selector).items
+        if p.status.phase == "Running"
+    )
+    out = stream(
+        core.connect_get_namespaced_pod_exec,
+        control.metadata.name,
+        SYSTEM,
+        container=control.spec.containers[0].name,
+        command=["/opt/warren/control/bin/python", "-c", IDLE_SINCE_A_MINUTE, sandbox_id],
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+    )
+    assert str(out).strip().splitlines()[-1] == "1", out
+
+
 def test_an_idle_sandbox_that_pauses_is_paused_and_its_next_exec_resumes_it(
     api: client.ApiClient, platform: Any
 ) -> None:
     core = client.CoreV1Api(api)
     with counting(platform, api, on_idle="pause", idle_timeout_s=60) as (sandbox_id, workspace, pod):
         before = state(core, pod)
-        # The reaper (every few seconds) pauses it once a minute passes with no use.
+        # The reaper (every few seconds) pauses it once its idle deadline passes: a minute
+        # with no use at the shortest, which the test does not sit through. It moves the
+        # deadline the last use set a minute earlier in the records, as a minute would.
+        idle_since_a_minute(core, sandbox_id)
         paused = platform.wait_until(sandbox_id, "Stopped", timeout=WAIT_S)
         assert paused.phase == "Stopped"
         print("paused:", paused.conditions)
