@@ -124,13 +124,15 @@ def lifecycle_steps(sandbox: Sandbox) -> None:
 
     def fork() -> Any:
         commands.run("echo from-the-parent > /workspace/shared.txt && sync")
+        # Outside the workspace: only the sandbox's memory holds it (E2B's fork keeps memory).
+        commands.run("echo in-memory > /tmp/held.txt")
         children = sandbox.fork(count=2)
         seen = []
         for child in children:
             if isinstance(child, Exception):
                 seen.append(f"{type(child).__name__}: {child}")
                 continue
-            seen.append(child.files.read("/workspace/shared.txt"))
+            seen.append([child.files.read("/workspace/shared.txt"), child.files.read("/tmp/held.txt")])
             child.kill()
         return seen
 

@@ -70,7 +70,7 @@ def test_an_e2b_program_runs_unchanged(edge: str, keys: tuple[str, str]) -> None
     assert report["watch"] is True
     assert report["listing_by_metadata"] is True
     assert report["timeout"] is True
-    assert report["fork"] == ["from-the-parent\n", "from-the-parent\n"]
+    assert report["fork"] == [["from-the-parent\n", "in-memory\n"]] * 2
     assert report["pause_and_connect"] == [True, True, "kept\n"]
     assert report["metrics"] == [True, True, True]
     assert report["snapshot"] == ["in-the-snapshot\n", True, True]
