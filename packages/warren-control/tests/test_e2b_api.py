@@ -800,7 +800,8 @@ def test_a_fork_of_a_template_with_a_fork_pool_names_it_in_each_child_within_the
 
 def test_an_e2b_fork_of_a_running_sandbox_keeps_its_memory(stack_url: str, standin: StandIn) -> None:
     """E2B's fork keeps memory: the sandbox is paused with it until its image is a restore
-    point, each child's resource names that image, and the sandbox is resumed (its id kept)."""
+    point, each child's resource names that image, and the sandbox is resumed (its id kept).
+    A retry under the same Idempotency-Key replays the answer without pausing it again."""
     image = "ef" * 32
     with serve_stack(stack_url, standin, templates=TEMPLATES, start_wait_s=30, memory_capture=True) as served:
         org = new_org(served)
@@ -809,34 +810,33 @@ def test_an_e2b_fork_of_a_running_sandbox_keeps_its_memory(stack_url: str, stand
             sandbox = Sandbox.create("base", **org.opts)
             name = record(served, sandbox.sandbox_id).object_name
             parent = record(served, sandbox.sandbox_id)
-            done = threading.Event()
+            memory = {
+                "image": image,
+                "workspace": parent.workspace_id,
+                "sealedSeq": 4,
+                "node": "node-a",
+                "verifiedAt": "x",
+                "verification": {"workspace": "ws-v", "done": True, "ms": 900},
+            }
 
-            def capture_then_resume() -> None:
-                # The controller's part for the parent: a proved image once it is paused with
-                # its memory, Running again once it is started.
-                proved = False
-                while not done.wait(0.05):
+            def controller() -> None:
+                # The controller's part for the parent: a proved image whenever it is paused
+                # with its memory, Running whenever it is started again.
+                answered = 0
+                while not stop.wait(0.05):
                     obj = standin.get(name) or {}
                     spec, generation = obj["spec"], obj["metadata"]["generation"]
-                    if spec.get("stopped") and spec.get("memoryCapture") and not proved:
-                        memory = {
-                            "image": image,
-                            "workspace": parent.workspace_id,
-                            "sealedSeq": 4,
-                            "node": "node-a",
-                            "verifiedAt": "x",
-                            "verification": {"workspace": "ws-v", "done": True, "ms": 900},
-                        }
+                    if generation == answered:
+                        continue
+                    if spec.get("stopped") and spec.get("memoryCapture"):
                         status = {"phase": "Stopped", "observedGeneration": generation, "memoryImage": memory}
-                        standin.set_status(name, status)
-                        proved = True
-                    elif proved and not spec.get("stopped"):
-                        standin.set_status(name, {"phase": "Running", "observedGeneration": generation})
-                        return
+                    else:
+                        status = {"phase": "Running", "observedGeneration": generation}
+                    standin.set_status(name, status)
+                    answered = generation
 
-            threading.Thread(target=capture_then_resume, daemon=True).start()
+            threading.Thread(target=controller, daemon=True).start()
             children = sandbox.fork(count=2)
-            done.set()
             assert all(isinstance(child, Sandbox) for child in children)
             for child in children:
                 spec = (standin.get(record(served, child.sandbox_id).object_name) or {})["spec"]
@@ -847,5 +847,14 @@ def test_an_e2b_fork_of_a_running_sandbox_keeps_its_memory(stack_url: str, stand
             spec = (standin.get(name) or {})["spec"]
             assert spec["stopped"] is False and spec["memoryCapture"] is True  # resumed from its image
             assert record(served, sandbox.sandbox_id).phase is SandboxPhase.RUNNING
+
+            url = f"{served.edge}/sandboxes/{sandbox.sandbox_id}/fork"
+            headers = {"X-API-Key": org.key, "Idempotency-Key": "fork-once"}
+            first = httpx.post(url, json={"count": 1}, headers=headers, timeout=60)
+            assert first.status_code == 201, first.text
+            generation = (standin.get(name) or {})["metadata"]["generation"]
+            again = httpx.post(url, json={"count": 1}, headers=headers, timeout=60)
+            assert again.status_code == 201 and again.json() == first.json()
+            assert (standin.get(name) or {})["metadata"]["generation"] == generation  # not paused again
         finally:
             stop.set()

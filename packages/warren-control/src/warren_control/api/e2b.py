@@ -795,6 +795,7 @@ def fork(
     held = (
         _state(parent) == "running"
         and api.capture_refusal(parent["spec"]["image"]) is None
+        and not api.answered(who, key)  # a retry replays the first answer: no new pause
         and held_with_memory(api, who, parent["id"])
     )
     try:

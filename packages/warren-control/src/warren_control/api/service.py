@@ -365,6 +365,13 @@ class ApiService:
             raise ApiError(422, "idempotency_conflict", str(exc)) from exc
         return answer.status_code, answer.response, replayed
 
+    def answered(self, who: Identity, key: str | None) -> bool:
+        """Whether a request under this idempotency key was answered already (a retry)."""
+        if key is None:
+            return False
+        with self.sessions() as session:
+            return session.get(IdempotencyRecord, (who.org, key)) is not None
+
     def restate(self, org_id: str, key: str | None, status: int | None, response: Any) -> None:
         """Change (or with status None, forget) the answer stored for an idempotency key."""
         if key is None:
