@@ -85,16 +85,17 @@ down: venv
 ## sandboxes).
 # Three lanes side by side on two cores: with two, a quarter of the CPU sat idle while the
 # lanes' tiers waited on pods, rollouts, SSH round trips and downloads. The cluster tier,
-# the longest, has a lane of its own; the bundle (built once), the two tiers that install it
-# and the tiers that converge hosts and stacks take the second; lint, unit and the
-# packages' tiers, at a lower CPU priority (nice), the third. Every tier uses its own ports,
+# the longest, has a lane of its own; the bundle (built once), the two tiers that install it,
+# the tiers that converge hosts and stacks and the controller at scale take the second; lint,
+# unit and the packages' tiers, at a lower CPU priority (nice), the third (with scale too it
+# ended last on a warm cache, three minutes after the cluster tier). Every tier uses its own ports,
 # directories and namespaces (the hosts tier's hosts are namespaces with their own Warren
 # paths), so the lanes share nothing but the environments and the binaries (each built once,
 # whichever asks first; see builds below). Each line is prefixed with its tier; test-results/tiers/ keeps every tier's log; the
 # end prints each tier's time and result, and a failed tier's last lines again.
 TIERS_CLUSTER := cluster-test
-TIERS_BUNDLE := ansible-test bundle bundle-test hosts-test pulumi-test
-TIERS_REST := check pulumi-unit blockd forkd agent control images-test scale
+TIERS_BUNDLE := ansible-test bundle bundle-test hosts-test pulumi-test scale
+TIERS_REST := check pulumi-unit blockd forkd agent control images-test
 REST_NICE := 5
 TIER_LOGS := test-results/tiers
 ENVS := $(VENV)/.installed $(VENV)/.control-installed $(BLOCKD)/.venv/.installed $(CONTROL)/.venv/.installed \
