@@ -794,6 +794,7 @@ def fork(
     parent = record(api, who, sandbox_id)
     held = (
         _state(parent) == "running"
+        and api.settings.start_wait_s > 0  # a deployment that waits for nothing cannot wait for the image
         and api.capture_refusal(parent["spec"]["image"]) is None
         and not api.answered(who, key)  # a retry replays the first answer: no new pause
         and held_with_memory(api, who, parent["id"])
