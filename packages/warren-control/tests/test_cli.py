@@ -106,7 +106,9 @@ def test_create_waits_for_running_and_shows_progress(
                 ],
             },
         )
-        time.sleep(1.5)
+        # Long enough for the CLI to see Pending on a busy machine: the create's answer can
+        # come after the Sandbox already appeared and was reported on.
+        time.sleep(4.0)
         stack.standin.set_status(made[0], {"phase": "Running"})
 
     helper = threading.Thread(target=controller)
