@@ -866,16 +866,19 @@ class Reconciler:
         )
         return pod if pod is not None and controller_uid(pod) == uid else None
 
-    def _release(self, workspace: str) -> None:
-        """Remove a workspace only this controller made (a verification's fork) from storage."""
+    def _release(self, workspace: str) -> bool:
+        """Remove a workspace only this controller made (an unclaimed pool pod's, a
+        verification's fork) from storage; whether it did."""
         release = self.options.release_workspace
         if release is None:
             log.warning("workspace %s stays in storage: this controller cannot release workspaces", workspace)
-            return
+            return False
         try:
             release(workspace)
         except Exception:  # the store away: the workspace stays, and the log says so
             log.warning("releasing workspace %s failed", workspace, exc_info=True)
+            return False
+        return True
 
     def _restore_fork(self, sandbox: Obj, origin: Obj) -> tuple[Obj, Obj | Observation]:
         """(the Sandbox, its workspace bound; its pod restored from its parent's memory image,
@@ -1565,17 +1568,8 @@ class Reconciler:
         namespace = str(meta.get("namespace"))
         if any(sandbox_workspace_id(s) == workspace_id for s in self.sandboxes.select(namespace, {})):
             return
-        try:
-            release(workspace_id)
-        except Exception:  # the store away: the workspace stays, and the log says so
-            log.warning(
-                "releasing workspace %s of unclaimed pod %s failed",
-                workspace_id,
-                meta.get("name"),
-                exc_info=True,
-            )
-            return
-        log.info("released workspace %s of unclaimed pool pod %s", workspace_id, meta.get("name"))
+        if self._release(workspace_id):
+            log.info("released workspace %s of unclaimed pool pod %s", workspace_id, meta.get("name"))
 
     def pod_changed(self, event_type: str, pod: Mapping[str, Any]) -> None:
         """A pod this controller made changed: bring its Sandbox's status up to date, make
