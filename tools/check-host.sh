@@ -51,3 +51,20 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
   echo "Python 3.11 or newer is needed (found: $(python3 --version 2>&1))." >&2
   exit 1
 }
+# The test cluster's kubelet evicts every pod once its disk has less than 5% free (its
+# evictionHard), and a run writes about 15 GiB of images, root filesystems and workspaces
+# while it goes: refuse to start a run that would end in evictions.
+check_disk() {
+  local dir=$1 size free need
+  until [[ -e $dir ]]; do dir=$(dirname "$dir"); done
+  read -r size free < <(df -P -B1G "$dir" | awk 'NR == 2 {print $2, $4}')
+  need=$(( size * 5 / 100 + 15 ))
+  if (( free < need )); then
+    echo "only ${free} GiB free on the disk holding $dir (of ${size} GiB); a run needs ${need} GiB:" >&2
+    echo "the 15 GiB it writes, above the 5% at which the kubelet evicts pods. Free some space" >&2
+    echo "(old test scratch under ${TMPDIR:-/tmp}/pytest-of-$(id -un), unused caches) and run it again." >&2
+    exit 1
+  fi
+}
+check_disk "${TMPDIR:-/tmp}"
+check_disk "${WARREN_CACHE:-$HOME/.cache/warren}"
