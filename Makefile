@@ -249,6 +249,12 @@ scale: venv $(CONTROL)/.venv/.installed
 cluster-test: venv $(CONTROL)/.venv/.installed $(BLOCKD)/.venv/.installed
 	tests/cluster/run.sh
 
+# Two joined nodes of one local cluster, each in network and mount namespaces of its own:
+# gVisor pods on both, the network between them, the egress floor on each, a clean teardown.
+.PHONY: nodes-test
+nodes-test: venv
+	tests/nodes/run.sh
+
 # The Pulumi side (components/, infra/, policy/) has an environment of its own: the Pulumi SDKs
 # (pinned in components/pyproject.toml) beside the warren package, which WarrenPlatform renders
 # with. infra/Pulumi.yaml and policy/PulumiPolicy.yaml name this environment too.

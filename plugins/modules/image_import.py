@@ -35,6 +35,12 @@ options:
     description: The node's containerd socket.
     type: path
     required: true
+  also_containerd:
+    description: Further nodes' containerd sockets the built images are imported into too
+      (with O(build); the local cluster's joined nodes).
+    type: list
+    elements: path
+    default: []
   bin_dir:
     description: The directory holding C(ctr).
     type: path
@@ -101,6 +107,7 @@ digests:
 ARGUMENT_SPEC: dict[str, Any] = {
     "warren": WARREN_OPTION,
     "containerd": {"type": "path", "required": True},
+    "also_containerd": {"type": "list", "elements": "path", "default": []},
     "bin_dir": {"type": "path", "required": True},
     "bundle": {"type": "path"},
     "config": {"type": "str", "default": ""},
@@ -113,6 +120,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
 
 def command(params: dict[str, Any], check_mode: bool) -> list[str]:
     warren = params["warren"]
+    sockets = [params["containerd"], *params["also_containerd"]]
     if params["build"]:
         return [
             warren,
@@ -121,8 +129,7 @@ def command(params: dict[str, Any], check_mode: bool) -> list[str]:
             *params["build"],
             "--out",
             params["out_dir"],
-            "--import",
-            params["containerd"],
+            *(arg for socket in sockets for arg in ("--import", socket)),
             "--bin-dir",
             params["bin_dir"],
             "--registry",

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from warren import paths
-from warren.cluster.local import BIN_DIR_RECORD, ClusterError, LocalCluster
+from warren.cluster.local import BIN_DIR_RECORD, ClusterError, LocalCluster, NodeProvider
 from warren.config import DEFAULT_IMAGE_REGISTRY, ConfigError, WarrenConfig, load_config
 
 if TYPE_CHECKING:
@@ -90,12 +90,14 @@ def _local(config_path: Path | None, bin_dir: Path | None, need_bins: bool = Tru
         if need_bins:
             raise
         bins = Path()
+    from warren.node.joined import joined_nodes
     from warren.node.provider import LocalNode
 
     state = paths.cluster_state_dir()
     # A node that ran before is torn down even if the configuration no longer enables it.
     has_node = cfg.cluster.node.enabled or (not need_bins and (state / "node").is_dir())
-    nodes = [LocalNode(cfg, progress=_say)] if has_node else []
+    nodes: list[NodeProvider] = [LocalNode(cfg, progress=_say)] if has_node else []
+    nodes += joined_nodes(cfg, state, _say, leftovers=not need_bins)
     return LocalCluster(cfg.cluster, state, bins, nodes=nodes, progress=_say)
 
 
@@ -574,8 +576,10 @@ def image() -> None:
 @click.option(
     "--import",
     "import_into",
+    multiple=True,
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Also import them into the containerd listening on this socket (namespace k8s.io).",
+    help="Also import them into the containerd listening on this socket (namespace k8s.io); "
+    "repeat it for each node of the local cluster.",
 )
 @bin_dir_option
 @click.option(
@@ -598,7 +602,7 @@ def image() -> None:
 def image_build(  # noqa: PLR0917 (click passes every option by position)
     names: tuple[str, ...],
     out_dir: Path,
-    import_into: Path | None,
+    import_into: tuple[Path, ...],
     bin_dir: Path | None,
     registry: str,
     as_json: bool,
@@ -660,9 +664,9 @@ def image_build(  # noqa: PLR0917 (click passes every option by position)
                 f"{built.name}\t{built.manifest_digest}\t{built.archive}\tsha256:{built.archive_sha256}"
             )
     imported: list[str] = []
-    if import_into:
+    for socket in import_into:
         try:
-            imported = images.import_built(_bin_dir(bin_dir), import_into, made, _say)
+            imported += images.import_built(_bin_dir(bin_dir), socket, made, _say)
         except ClusterError as exc:
             raise click.ClickException(str(exc)) from None
     if as_json:

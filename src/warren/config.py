@@ -81,6 +81,29 @@ class NodeConfig(_Model):
         return value
 
 
+# A joined node's network interface names start with this and end with its name (15 at most).
+JOINED_LINK_PREFIX = "wn-"
+JOINED_NAME_MAX = 15 - len(JOINED_LINK_PREFIX)
+
+
+class JoinedNodeConfig(_Model):
+    """A further node of the local cluster on this same machine, in network and mount
+    namespaces of its own (its kubelet, containerd, runsc, kube-proxy and egress floor),
+    linked to the host by a veth pair: a real second kubelet for multi-node work."""
+
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not DNS_LABEL.match(value) or len(value) > JOINED_NAME_MAX:
+            raise ValueError(
+                f"{value!r} is not a node name of {JOINED_NAME_MAX} characters at most "
+                "(lowercase letters, digits, '-'): it also names the node's network link"
+            )
+        return value
+
+
 class ControlPlaneConfig(_Model):
     """warren-control as a host service of the local deployment (the control_plane role, when
     `services.enabled` is off)."""
@@ -158,6 +181,13 @@ class ClusterConfig(_Model):
     def _valid_cidr(cls, value: str) -> str:
         return _cidr(value)
 
+    @field_validator("link_cidr")
+    @classmethod
+    def _link_cidr(cls, value: str) -> str:
+        if ipaddress.ip_network(_cidr(value)).version != 4:  # noqa: PLR2004
+            raise ValueError(f"{value!r} is not an IPv4 network (joined nodes' links are IPv4)")
+        return _cidr(value)
+
     @field_validator("bind_address", "advertise_address")
     @classmethod
     def _valid_ip(cls, value: str | None) -> str | None:
@@ -170,6 +200,10 @@ class ClusterConfig(_Model):
         return value
 
     node: NodeConfig = Field(default_factory=NodeConfig)
+    # Joined nodes, each given the next /30 of link_cidr (the host's end first) and the next
+    # /24 of the pod range after the first node's.
+    joined_nodes: tuple[JoinedNodeConfig, ...] = ()
+    link_cidr: str = "10.78.0.0/24"
     control_plane: ControlPlaneConfig = Field(default_factory=ControlPlaneConfig)
     workspaces: WorkspacesConfig = Field(default_factory=WorkspacesConfig)
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
@@ -184,6 +218,27 @@ class ClusterConfig(_Model):
                 f"{self.node_pod_cidr} ({addresses} addresses): lower it, or widen cluster.pod_cidr"
             )
         return self
+
+    @model_validator(mode="after")
+    def _joined_nodes_fit(self) -> ClusterConfig:
+        names = [n.name for n in self.joined_nodes]
+        if len(set(names)) != len(names) or (self.node.name and self.node.name in names):
+            raise ValueError(f"joined_nodes names must differ from each other and node.name (got {names})")
+        links = ipaddress.ip_network(self.link_cidr).num_addresses // 4
+        ranges = len(list(ipaddress.ip_network(self.pod_cidr).subnets(new_prefix=24)))
+        if len(names) > min(links, ranges - 1):
+            raise ValueError(
+                f"{len(names)} joined nodes do not fit link_cidr {self.link_cidr} (a /30 each) "
+                f"and pod_cidr {self.pod_cidr} (a /24 each after the first node's)"
+            )
+        return self
+
+    def joined_node_site(self, index: int) -> tuple[str, str, str]:
+        """(host's link address, node's address, node's pod range) of joined_nodes[index]."""
+        link = ipaddress.IPv4Network(self.link_cidr).network_address + 4 * index
+        host, node = link + 1, link + 2
+        pods = list(ipaddress.ip_network(self.pod_cidr).subnets(new_prefix=24))[index + 1]
+        return str(host), str(node), str(pods)
 
     @property
     def sandbox_workspaces(self) -> bool:

@@ -131,6 +131,8 @@ def test_image_import_from_a_bundle_or_a_build() -> None:
         "warren.dev",
         "--json",
     ]
+    joined = {**build, "also_containerd": ["/b.sock"]}
+    assert image_import.command(joined, check_mode=False)[7:11] == ["--import", "/s", "--import", "/b.sock"]
     done = image_import.outcome(
         {"changed": True, "imported": ["warren.dev/agent:0.1.0"], "digests": {"a": "sha256:1"}}, diff=True
     )

@@ -118,3 +118,50 @@ def test_evented_pleg_turns_on_the_kubelets_feature_gate_and_only_it() -> None:
     evented = kubelet(evented_pleg=True)
     assert evented["featureGates"] == {"EventedPLEG": True}
     assert {k: v for k, v in evented.items() if k != "featureGates"} == kubelet()
+
+
+def test_joined_nodes_get_their_own_link_and_pod_range() -> None:
+    cluster = parse_config({"cluster": {"joined_nodes": [{"name": "b"}, {"name": "c"}]}}).cluster
+    # The first node's range is the pod range's first /24; each joined node takes the next.
+    assert cluster.node_pod_cidr == "10.244.0.0/24"
+    assert cluster.joined_node_site(0) == ("10.78.0.1", "10.78.0.2", "10.244.1.0/24")
+    assert cluster.joined_node_site(1) == ("10.78.0.5", "10.78.0.6", "10.244.2.0/24")
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"joined_nodes": [{"name": "b"}, {"name": "b"}]}, "must differ from each other and node.name"),
+        ({"node": {"name": "b"}, "joined_nodes": [{"name": "b"}]}, "must differ from each other"),
+        ({"joined_nodes": [{"name": "far-too-long-a"}]}, "12 characters at most"),
+        ({"joined_nodes": [{"name": "B"}]}, "not a node name"),
+        (
+            {"link_cidr": "10.78.0.0/30", "joined_nodes": [{"name": "b"}, {"name": "c"}]},
+            "do not fit link_cidr",
+        ),
+        ({"link_cidr": "fd00::/64"}, "not an IPv4 network"),
+    ],
+)
+def test_joined_nodes_that_cannot_be_placed_are_refused(cluster: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"cluster": cluster})
+
+
+def test_a_joined_nodes_kubelet_keeps_its_pods_under_its_own_cgroup() -> None:
+    import yaml
+
+    from warren.node import provider
+
+    cfg = parse_config({}).cluster
+    common = {
+        "node": cfg.node,
+        "cluster": cfg,
+        "layout": type("Layout", (), {"endpoint": "unix:///run/containerd.sock"})(),
+        "node_ip": "10.78.0.2",
+        "ca": "ca.crt",
+        "serving_cert": "kubelet.crt",
+        "serving_key": "kubelet.key",
+    }
+    assert "cgroupRoot" not in yaml.safe_load(provider.render("kubelet-config.yaml.j2", **common))
+    joined = yaml.safe_load(provider.render("kubelet-config.yaml.j2", cgroup_root="/warren-b", **common))
+    assert joined["cgroupRoot"] == "/warren-b"

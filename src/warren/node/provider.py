@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from warren_common.pki import CLIENT, SERVER, Leaf
@@ -104,34 +105,68 @@ def _digest(*paths: Path) -> str:
     return h.hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class Seat:
+    """What tells a joined node (joined.py: its own network and mount namespaces) from the
+    first one, which sits in the host's: its name, its address, where it reaches the API
+    server, its pod range, its cgroup root and the names of its own certificates."""
+
+    name: str
+    address: str
+    api_address: str
+    pod_subnet: str
+    cgroup_root: str
+    host_address: str  # the host's end of its link, also closed to its sandboxes
+
+    @property
+    def kubelet_leaf(self) -> str:
+        return f"kubelet-{self.name}"
+
+
 class LocalNode:
     name = "node"
 
-    def __init__(self, config: WarrenConfig, progress: Callable[[str], None] = lambda _m: None) -> None:
+    def __init__(
+        self,
+        config: WarrenConfig,
+        progress: Callable[[str], None] = lambda _m: None,
+        seat: Seat | None = None,
+    ) -> None:
         self.config = config
         self.progress = progress
+        self.seat = seat
 
     # -- identity -----------------------------------------------------------------------
 
-    @staticmethod
-    def node_name(ctx: ClusterContext) -> str:
+    def node_name(self, ctx: ClusterContext) -> str:
+        if self.seat is not None:
+            return self.seat.name
         return ctx.config.node.name or socket.gethostname().lower().split(".")[0]
+
+    def node_address(self, ctx: ClusterContext) -> str:
+        return self.seat.address if self.seat is not None else ctx.advertise_address
+
+    def _api_address(self, ctx: ClusterContext) -> str:
+        return self.seat.api_address if self.seat is not None else "127.0.0.1"
+
+    def _kubelet_leaf(self) -> str:
+        return self.seat.kubelet_leaf if self.seat is not None else "kubelet"
 
     @staticmethod
     def layout(ctx: ClusterContext) -> NodeLayout:
         return NodeLayout(ctx.layout.state_dir / "node")
 
     def leaves(self, ctx: ClusterContext) -> Sequence[Leaf]:
-        name = self.node_name(ctx)
+        name, kubelet = self.node_name(ctx), self._kubelet_leaf()
         return [
-            Leaf("kubelet-client", "ca", f"system:node:{name}", organizations=("system:nodes",)),
+            Leaf(f"{kubelet}-client", "ca", f"system:node:{name}", organizations=("system:nodes",)),
             Leaf(
-                "kubelet-server",
+                f"{kubelet}-server",
                 "ca",
                 f"system:node:{name}",
                 usages=(SERVER,),
                 dns_names=(name, "localhost"),
-                ips=tuple(dict.fromkeys(("127.0.0.1", ctx.advertise_address))),
+                ips=tuple(dict.fromkeys(("127.0.0.1", self.node_address(ctx)))),
             ),
             Leaf("kube-proxy", "ca", "system:kube-proxy", usages=(CLIENT,)),
             Leaf("egress-floor", "ca", "warren:egress-floor", usages=(CLIENT,)),
@@ -162,7 +197,7 @@ class LocalNode:
         self._check_host(ctx)
         layout = self.layout(ctx)
         _prepare_host(layout)
-        server = f"https://127.0.0.1:{ctx.config.api_port}"
+        server = f"https://{self._api_address(ctx)}:{ctx.config.api_port}"
         self._write_runtime_configs(ctx, layout, server)
         self._write_node_configs(ctx, layout, server)
         self._run_floor_playbook(ctx, layout, server)
@@ -199,7 +234,7 @@ class LocalNode:
                 "cni.conflist.j2",
                 network=NETWORK_NAME,
                 bridge=cfg.node.bridge,
-                subnet=cfg.node_pod_cidr,
+                subnet=self.seat.pod_subnet if self.seat is not None else cfg.node_pod_cidr,
                 floor=floor,
             ),
         )
@@ -208,12 +243,13 @@ class LocalNode:
         """The kubelet's and kube-proxy's kubeconfigs and configurations."""
         cfg = ctx.config
         pki = ctx.layout
+        kubelet = self._kubelet_leaf()
         write_kubeconfig(
             pki.kubeconfig("kubelet"),
             server,
             pki.crt("ca"),
-            pki.crt("kubelet-client"),
-            pki.key("kubelet-client"),
+            pki.crt(f"{kubelet}-client"),
+            pki.key(f"{kubelet}-client"),
             user=f"system:node:{self.node_name(ctx)}",
         )
         write_kubeconfig(
@@ -231,10 +267,11 @@ class LocalNode:
                 node=cfg.node,
                 cluster=cfg,
                 layout=layout,
-                node_ip=ctx.advertise_address,
+                node_ip=self.node_address(ctx),
+                cgroup_root=self.seat.cgroup_root if self.seat is not None else "",
                 ca=pki.crt("ca"),
-                serving_cert=pki.crt("kubelet-server"),
-                serving_key=pki.key("kubelet-server"),
+                serving_cert=pki.crt(f"{kubelet}-server"),
+                serving_key=pki.key(f"{kubelet}-server"),
             ),
         )
         write(
@@ -278,8 +315,8 @@ class LocalNode:
             "gvisor_kubectl": str(pki.bin_dir / "kubectl"),
             "egress_floor_table": FLOOR_TABLE,
             "egress_floor_dns_ip": ctx.config.dns_ip,
-            "egress_floor_node_addresses": [ctx.advertise_address],
-            "egress_floor_api_addresses": [ctx.advertise_address],
+            "egress_floor_node_addresses": self._closed_addresses(ctx),
+            "egress_floor_api_addresses": [self.seat.api_address if self.seat else ctx.advertise_address],
             "egress_floor_config_dir": str(layout.floor_dir),
             "egress_floor_state_dir": str(layout.floor_dir / "pods"),
             "egress_floor_cni_bin_dir": str(layout.cni_bin_dir),
@@ -299,6 +336,13 @@ class LocalNode:
         except PlaybookError as exc:
             raise ClusterError(str(exc)) from None
         self.progress("node floor: gvisor and egress_floor roles applied")
+
+    def _closed_addresses(self, ctx: ClusterContext) -> list[str]:
+        """The node addresses its sandboxes must never reach: its own, and a joined node's
+        link to the host and the host's address too."""
+        if self.seat is None:
+            return [ctx.advertise_address]
+        return list(dict.fromkeys((self.seat.address, self.seat.host_address, self.seat.api_address)))
 
     # -- components ---------------------------------------------------------------------
 
@@ -328,7 +372,7 @@ class LocalNode:
                 f"--kubeconfig={ctx.layout.kubeconfig('kubelet')}",
                 f"--root-dir={layout.kubelet_root}",
                 f"--hostname-override={self.node_name(ctx)}",
-                f"--node-ip={ctx.advertise_address}",
+                f"--node-ip={self.node_address(ctx)}",
                 "--v=1",
             ),
         )
