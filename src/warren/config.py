@@ -389,6 +389,9 @@ class ServicesConfig(_Model):
     pools: dict[str, PoolConfig] = Field(default_factory=lambda: {"base": PoolConfig()})
     # The nodes that run sandboxes (and so warren-blockd); empty: every node.
     sandbox_node_selector: dict[str, str] = Field(default_factory=dict)
+    # embedded: the node the stores keep their data on (their host paths are that node's
+    # disk, so they must never move). Empty: wherever the scheduler puts them.
+    stores_node_selector: dict[str, str] = Field(default_factory=dict)
     # embedded: SeaweedFS and PostgreSQL in warren-system, their credentials made by the
     # install Job. external: the operator's stores, named by the Secrets warren-database
     # (url) and warren-object-store (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), which the
@@ -467,7 +470,7 @@ class ServicesConfig(_Model):
             raise ValueError(f"{value!r} is not an image tag (letters, digits, '_', '.', '-'; at most 128)")
         return value
 
-    @field_validator("sandbox_node_selector")
+    @field_validator("sandbox_node_selector", "stores_node_selector")
     @classmethod
     def _selector(cls, value: dict[str, str]) -> dict[str, str]:
         for key, label in value.items():

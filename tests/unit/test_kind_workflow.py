@@ -43,6 +43,7 @@ HOST_SPECIFIC = (
     "services.runsc_root_host_path",
     "services.image_pull_policy",
     "services.image_digests",
+    "services.stores_node_selector",
     "isolation.platform_groups",
 )
 # A local node as the cluster tier's: its state directory, the digests its containerd holds.

@@ -5,13 +5,15 @@ explicitly kept, and a node without the images refused with the command that fix
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from warren.config import SERVICE_IMAGES, parse_config
+from warren.config import SERVICE_IMAGES, WarrenConfig, parse_config
 from warren.images import sandbox
 from warren.images.services import SERVICES
 from warren.node.workloads import LocalNodeError, for_local_node
+from warren.render import render
 
 STATE = Path("/srv/warren-home/cluster")
 HELD = {f"warren.dev/{name}:0.1.0": "sha256:" + f"{i:02x}" * 32 for i, name in enumerate(SERVICE_IMAGES)}
@@ -49,3 +51,21 @@ def test_a_node_without_the_images_is_refused_naming_the_build() -> None:
 def test_without_services_nothing_changes() -> None:
     config = parse_config({"services": {"enabled": False}})
     assert for_local_node(config, STATE, {}) == config
+
+
+def test_the_embedded_stores_stay_on_the_first_node() -> None:
+    """Their host paths are that node's disk: with joined nodes beside it, they never move."""
+    joined = {"joined_nodes": [{"name": "b"}]}
+    named = for_local_node(parse_config({"cluster": {"node": {"name": "a"}, **joined}}), STATE, HELD)
+    assert named.services.stores_node_selector == {"kubernetes.io/hostname": "a"}
+    alone = parse_config({"cluster": {"node": {"enabled": False}, **joined}})
+    assert for_local_node(alone, STATE, HELD).services.stores_node_selector == {"kubernetes.io/hostname": "b"}
+    chosen = parse_config({"services": {"stores_node_selector": {"disk": "fast"}}})
+    assert for_local_node(chosen, STATE, HELD).services.stores_node_selector == {"disk": "fast"}
+    rendered = named_objects(for_local_node(chosen, STATE, HELD))
+    for name in ("warren-objects", "warren-postgres"):
+        assert rendered[("StatefulSet", name)]["spec"]["template"]["spec"]["nodeSelector"] == {"disk": "fast"}
+
+
+def named_objects(config: WarrenConfig) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in render(config)}

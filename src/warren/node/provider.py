@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from warren.config import WarrenConfig
 from warren.node import claim, images, teardown
 from warren.node.files import render, write, write_keeping_block
 from warren.node.layout import CNI_BIN_DIR, FLOOR_TABLE, NETWORK_NAME, NodeLayout
+from warren.node.workloads import first_node_name
 
 # The markers of the block the gvisor role appends to containerd's configuration.
 GVISOR_BLOCK_BEGIN = "# BEGIN warren gvisor runtime (managed by Ansible)"
@@ -141,7 +141,7 @@ class LocalNode:
     def node_name(self, ctx: ClusterContext) -> str:
         if self.seat is not None:
             return self.seat.name
-        return ctx.config.node.name or socket.gethostname().lower().split(".")[0]
+        return first_node_name(self.config)
 
     def node_address(self, ctx: ClusterContext) -> str:
         return self.seat.address if self.seat is not None else ctx.advertise_address

@@ -13,6 +13,7 @@ inventory's admission role and the Pulumi `local` stack).
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from warren.config import SERVICE_IMAGES, ServicesConfig, WarrenConfig
@@ -38,6 +39,11 @@ def host_paths(state: Path) -> dict[str, str]:
     }
 
 
+def first_node_name(config: WarrenConfig) -> str:
+    """The node in the host's own network: node.name, else the host's name."""
+    return config.cluster.node.name or socket.gethostname().lower().split(".")[0]
+
+
 def for_local_node(config: WarrenConfig, state: Path, held: dict[str, str]) -> WarrenConfig:
     """`config` as the local node needs it. `held` maps image references (registry/name:tag)
     to the manifest digests the node's containerd holds; every service image must be there."""
@@ -46,6 +52,11 @@ def for_local_node(config: WarrenConfig, state: Path, held: dict[str, str]) -> W
         return config
     explicit = services.model_fields_set
     updates: dict[str, object] = {k: v for k, v in host_paths(state).items() if k not in explicit}
+    if "stores_node_selector" not in explicit:
+        # The stores' data is the first node's disk: with joined nodes, they stay on it.
+        cluster = config.cluster
+        first = first_node_name(config) if cluster.node.enabled or not cluster.joined_nodes else None
+        updates["stores_node_selector"] = {"kubernetes.io/hostname": first or cluster.joined_nodes[0].name}
     if "image_pull_policy" not in explicit:
         updates["image_pull_policy"] = "Never"  # no registry here: a missing image must say so
     if "image_digests" not in explicit:
