@@ -94,7 +94,7 @@ down: venv
 # whichever asks first; see builds below). Each line is prefixed with its tier; test-results/tiers/ keeps every tier's log; the
 # end prints each tier's time and result, and a failed tier's last lines again.
 TIERS_CLUSTER := cluster-test
-TIERS_BUNDLE := ansible-test bundle bundle-test hosts-test pulumi-test scale
+TIERS_BUNDLE := ansible-test bundle bundle-test hosts-test pulumi-test scale nodes-test
 TIERS_REST := check pulumi-unit blockd forkd agent control images-test
 REST_NICE := 5
 TIER_LOGS := test-results/tiers
