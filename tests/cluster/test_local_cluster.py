@@ -80,8 +80,9 @@ def assert_node_host_state_gone(state: Path) -> None:
                 [tool, "-t", table, "-S"], capture_output=True, text=True, check=False
             ).stdout
             assert ours not in rules and "KUBE-KUBELET-CANARY" not in rules, (tool, table, rules)
+    # Ours name our containerd's socket (the nodes tier's joined nodes may run beside).
     shims = subprocess.run(
-        ["pgrep", "-f", "containerd-shim"], capture_output=True, text=True, check=False
+        ["pgrep", "-f", f"containerd-shim.*{state}/"], capture_output=True, text=True, check=False
     ).stdout
     assert not shims.strip(), f"shims still running: {shims}"
     from warren.node import claim
