@@ -381,3 +381,14 @@ def test_blockd_workspace_volume_and_fork_placement() -> None:
     for unusable in ("1", "x", "101"):
         forked["metadata"]["annotations"] = {FORK_SIBLINGS_ANNOTATION: unusable}
         assert "siblings" not in blockd_volume(forked)["csi"]["volumeAttributes"]
+
+
+def test_sandboxes_spread_over_the_nodes_as_a_preference_only() -> None:
+    pod = pod_for(sandbox())
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    # Scoring only: a sandbox that cannot be spread still starts.
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    # Counted against every sandbox pod, the pools' included (they carry the same label).
+    assert spread["labelSelector"] == {"matchLabels": {"warren.dev/sandbox": "true"}}
+    assert pod["metadata"]["labels"]["warren.dev/sandbox"] == "true"

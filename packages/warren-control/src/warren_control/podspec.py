@@ -636,6 +636,16 @@ def _pod_spec(container: Obj, options: PodOptions, node: str | None) -> Obj:
         "terminationGracePeriodSeconds": options.termination_grace_seconds,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
+        # Sandboxes spread over the nodes: a node lost takes fewer of them, and each node's
+        # warren-blockd serves fewer workspaces. A preference: never a reason to stay Pending.
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {SANDBOX_LABEL: "true"}},
+            }
+        ],
     }
     if node is not None:
         term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
