@@ -9,12 +9,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from api_stack import Stack
 from warren_common.testing import free_port
-from warren_control import cli, store
+from warren_control import cli, sdk, store
 from warren_control.api.app import document
 from warren_control.db import make_engine, session_factory
 
@@ -79,15 +80,28 @@ def test_sandbox_commands(stack: Stack, capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_create_waits_for_running_and_shows_progress(
-    stack: Stack, capsys: pytest.CaptureFixture[str]
+    stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     org = stack.org()
     made: list[str] = []
     before = set(stack.standin.objects)
+    # The stand-in controller moves on to Running only once the CLI has read the sandbox as
+    # Pending: on a busy machine no fixed pause is long enough (the create's answer can come
+    # seconds after the Sandbox appeared and was reported on).
+    pending_read = threading.Event()
+    real_get = sdk.Client.get
+
+    def get(self: sdk.Client, sandbox_id: str, **kwargs: Any) -> sdk.Sandbox:
+        found = real_get(self, sandbox_id, **kwargs)
+        if found.phase == "Pending":
+            pending_read.set()
+        return found
+
+    monkeypatch.setattr(sdk.Client, "get", get)
 
     def controller() -> None:
         # Plays the controller: the Sandbox that appears is reported Pending, then Running.
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not made:
             made.extend(name for key, name in list(stack.standin.objects) if (key, name) not in before)
             time.sleep(0.02)
@@ -106,9 +120,7 @@ def test_create_waits_for_running_and_shows_progress(
                 ],
             },
         )
-        # Long enough for the CLI to see Pending on a busy machine: the create's answer can
-        # come after the Sandbox already appeared and was reported on.
-        time.sleep(4.0)
+        pending_read.wait(timeout=60)
         stack.standin.set_status(made[0], {"phase": "Running"})
 
     helper = threading.Thread(target=controller)
