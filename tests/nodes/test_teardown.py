@@ -36,4 +36,8 @@ def test_down_leaves_nothing_of_the_nodes_on_the_host(sites: list[Site]) -> None
         assert site.pod_subnet not in routes
         assert not site.mount_ns.exists()
         assert not list(Path("/sys/fs/cgroup").glob(f"*/{site.cgroup}"))
+    # No process of theirs: nothing names the cluster's state on its command line.
+    state = os.environ["WARREN_HOME"]
+    left = subprocess.run(["pgrep", "-fa", state], capture_output=True, text=True, check=False).stdout
+    assert not [line for line in left.splitlines() if "pytest" not in line], left
     assert not [p for p in MOUNT_NS_DIR.iterdir() if any(p.name.startswith(f"{s.name}-") for s in sites)]

@@ -279,7 +279,13 @@ def _mount_namespace(site: Site) -> None:
     site.mount_ns.touch()
     shared = site.state / NODE_DIR
     own = site.root / NODE_DIR
-    script = [f"mount --bind {own} {shared}"]
+    # The first node's mounts under node/ (its kubelet directory, its pods' volumes) were
+    # copied in: drop them, deepest first, so that nothing of them shadows the node's own.
+    script = [
+        f"awk -v p={shared} '$5 == p || index($5, p \"/\") == 1 {{print $5}}' /proc/self/mountinfo"
+        " | sort -r | xargs -r -n1 umount -l",
+        f"mount --bind {own} {shared}",
+    ]
     for path, name in PRIVATE.items():
         Path(path).mkdir(parents=True, exist_ok=True)  # a mount point must exist
         if name is None:

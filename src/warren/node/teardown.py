@@ -70,13 +70,18 @@ def run(
 
 def _kill_orphan_shims(layout: NodeLayout) -> None:
     """Shims (and the sandboxes under them) that outlived containerd: ours name our
-    containerd socket on their command line."""
+    containerd socket on their command line and share our mount namespace."""
     marker = str(layout.containerd_socket).encode()
+    # A joined node's socket has the same path in its own mount namespace: shims of another
+    # mount namespace belong to another node.
+    ours = Path("/proc/self/ns/mnt").readlink()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes()
+            if (proc / "ns" / "mnt").readlink() != ours:
+                continue
         except OSError:
             continue
         argv0 = Path(cmdline.split(b"\0", 1)[0].decode(errors="replace")).name
