@@ -31,14 +31,20 @@ from pathlib import Path
 from warren_common.pki import Leaf
 
 from warren.cluster.components import Component, Layout
-from warren.cluster.local import ClusterContext, ClusterError, ensure_running, write_kubeconfig
+from warren.cluster.local import (
+    BIN_DIR_RECORD,
+    ClusterContext,
+    ClusterError,
+    ensure_running,
+    write_kubeconfig,
+)
 from warren.cluster.process import Supervisor
 from warren.config import JOINED_LINK_PREFIX, WarrenConfig
 from warren.node.provider import LocalNode, Seat
+from warren.node.workloads import NODE_DIR
 
 MOUNT_NS_DIR = Path("/run/warren/mountns")  # a private mount: namespaces are bound to files here
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-NODE_DIR = "node"
 # Host paths a node keeps state in that are not under the cluster state: each joined node
 # gets its own, private to its mount namespace (directory, or None for an empty tmpfs).
 # /run/netns too: another node's teardown deletes the pod namespaces it finds there unused.
@@ -207,8 +213,6 @@ class JoinedNode:
 
     @staticmethod
     def _bin_dir(site: Site) -> Path:
-        from warren.cluster.local import BIN_DIR_RECORD
-
         return Path((site.state / BIN_DIR_RECORD).read_text().strip())
 
 
