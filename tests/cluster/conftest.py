@@ -20,6 +20,8 @@ COMPONENTS = (
     "kubelet",
     "kube-proxy",
 )
+# A joined node's own processes, supervised inside its namespaces.
+JOINED_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +36,15 @@ def env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def settings(env: dict[str, str]) -> ClusterConfig:
     return load_config(Path(env["WARREN_TEST_CONFIG"])).cluster
+
+
+@pytest.fixture(scope="module")
+def first_node(env: dict[str, str]) -> str:
+    """The node in the host's own network, whose processes, floor and mounts the host sees;
+    a joined node keeps its own in its namespaces."""
+    from warren.node.workloads import first_node_name
+
+    return first_node_name(load_config(Path(env["WARREN_TEST_CONFIG"])))
 
 
 @pytest.fixture(scope="module")

@@ -54,13 +54,16 @@ def bridge_exists(name: str) -> bool:
 
 
 def test_bench_runtime_beside_the_deployed_platform_leaves_its_floor(
-    env: dict[str, str], state: Path
+    env: dict[str, str], state: Path, first_node: str
 ) -> None:
     kubeconfig = state / "admin.kubeconfig"
     core = client.CoreV1Api(api_client(kubeconfig))
     namespace = "warren-sandboxes"
     name = unique("beside")
-    running_pod(core, namespace, busybox_pod(name, busybox_image()))
+    # On the node in the host's network: the one whose names the benchmark's would share.
+    pod = busybox_pod(name, busybox_image())
+    pod["spec"]["nodeName"] = first_node
+    running_pod(core, namespace, pod)
     try:
         ip = core.read_namespaced_pod(name, namespace).status.pod_ip
         rules, members = floor_rules(), enrolled()

@@ -34,8 +34,8 @@ BLOCKD = "/opt/warren/blockd/bin/warren-blockd"  # in the warren-blockd image
 
 
 def blockd_processes() -> list[int]:
-    """warren-blockd's processes on this machine (the daemon and its CSI plugin, in the
-    DaemonSet's pod)."""
+    """warren-blockd's processes on the first node (the daemon and its CSI plugin, in the
+    DaemonSet's pod there): under its /kubepods, not under a joined node's cgroup root."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -45,7 +45,7 @@ def blockd_processes() -> list[int]:
             cgroup = (entry / "cgroup").read_text()
         except OSError:
             continue
-        if "kubepods" in cgroup and any(arg.endswith(b"/warren-blockd") for arg in cmdline[:3]):
+        if "::/kubepods" in cgroup and any(arg.endswith(b"/warren-blockd") for arg in cmdline[:3]):
             found.append(int(entry.name))
     return found
 
@@ -81,7 +81,9 @@ def loops_on(roots: list[Path], recorded: dict[str, str]) -> list[str]:
     ).stdout.splitlines():
         name, _, backing = line.strip().partition(" ")
         backing = backing.strip().removesuffix(" (deleted)")
-        if any(backing.startswith(str(root)) for root in roots) or Path(backing).name == recorded.get(name):
+        if any(Path(backing).is_relative_to(root) for root in roots) or Path(backing).name == recorded.get(
+            name
+        ):
             found.append(name)
     return found
 
@@ -94,7 +96,7 @@ def lose_everything_under(roots: list[Path], recorded: dict[str, str]) -> None:
         mounts = subprocess.run(
             ["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True, check=True
         ).stdout.split()
-        ours = sorted((m for m in mounts if any(m.startswith(str(r)) for r in roots)), reverse=True)
+        ours = sorted((m for m in mounts if any(Path(m).is_relative_to(r) for r in roots)), reverse=True)
         if not ours:
             break
         for target in ours:
@@ -136,7 +138,46 @@ def wait_running(env: dict[str, str], sandbox_id: str, timeout: float = 600) -> 
         time.sleep(2)
 
 
-def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Path) -> None:
+def blockd_pod(state: Path, node: str) -> str:
+    """The name of warren-blockd's running pod on `node`."""
+    found = kubectl(
+        state,
+        "-n",
+        "warren-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=warren-blockd",
+        "--field-selector",
+        f"spec.nodeName={node},status.phase=Running",
+        "-o",
+        "name",
+    ).split()
+    assert len(found) == 1, f"warren-blockd pods on {node}: {found}"
+    return found[0]
+
+
+def created_on(env: dict[str, str], state: Path, node: str, others: list[str], *argv: str) -> str:
+    """A sandbox created while every other node is cordoned, so its pod lands on `node`."""
+    for other in others:
+        kubectl(state, "cordon", other)
+    try:
+        box = ok(sandbox(env, "create", *argv)).strip()
+    finally:
+        for other in others:
+            kubectl(state, "uncordon", other)
+    placed = kubectl(state, "get", "pods", "-A", "-l", "warren.dev/sandbox=true", "-o", "json")
+    seen = json.loads(ok(sandbox(env, "--json", "get", box)))
+    nodes = {
+        pod["spec"].get("nodeName")
+        for pod in json.loads(placed)["items"]
+        if (pod["metadata"].get("labels") or {}).get("warren.dev/workspace") == seen["workspace_id"]
+    }
+    assert nodes == {node}, f"sandbox {box} runs on {nodes}, not {node}"
+    return box
+
+
+def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Path, first_node: str) -> None:
     from warren.node.images import busybox_image
 
     config = load_config(Path(env["WARREN_TEST_CONFIG"]))
@@ -145,9 +186,12 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
     node = NodeLayout(state / "node")
     blockd_state = Path(host_paths(state)["blockd_state_host_path"])
     supervisor = Supervisor(state)
-    in_blockd = ["-n", "warren-system", "exec", "daemonset/warren-blockd", "-c", "blockd", "--", BLOCKD]
+    in_blockd = ["-n", "warren-system", "exec", blockd_pod(state, first_node), "-c", "blockd", "--", BLOCKD]
 
-    box = ok(sandbox(env, "create", *SMALL, busybox_image(), "--", "sleep", "86400")).strip()
+    # The node lost is the first one, the node in the host's network: its processes, mounts
+    # and disk are the host's to kill and wipe.
+    others = [n.name for n in config.cluster.joined_nodes]
+    box = created_on(env, state, first_node, others, *SMALL, busybox_image(), "--", "sleep", "86400")
     lost = False
     try:
         workspace = json.loads(ok(sandbox(env, "--json", "get", box)))["workspace_id"]
@@ -190,7 +234,7 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
         assert read(env, box, "/workspace/proven.bin") == proven
         # The node had nothing: the workspace came from the object store (the new
         # warren-blockd pod's CSI plugin says so).
-        logs = kubectl(state, "-n", "warren-system", "logs", "daemonset/warren-blockd", "-c", "csi")
+        logs = kubectl(state, "-n", "warren-system", "logs", blockd_pod(state, first_node), "-c", "csi")
         events = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
         restored = [e for e in events if e.get("event") == "restored" and e.get("workspace") == workspace]
         assert restored, f"no restore of {workspace} in the CSI plugin's log after the loss"

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import COMPONENTS
+from conftest import COMPONENTS, JOINED_COMPONENTS
+
+from warren.config import ClusterConfig
 
 pytestmark = pytest.mark.cluster
 
@@ -159,14 +161,20 @@ def test_status_reports_every_component_healthy(env: dict[str, str]) -> None:
     assert result.stdout.count("healthy") == len(COMPONENTS)
 
 
-def test_up_again_changes_nothing(env: dict[str, str]) -> None:
+def test_up_again_changes_nothing(env: dict[str, str], settings: ClusterConfig) -> None:
     before = pids(env)
     # run.sh deploys the rest of the platform too (site.yml), as workloads: nothing of it is
     # a process of the host's.
     assert set(before) == set(COMPONENTS)
     result = warren("cluster", "up", "--config", env["WARREN_TEST_CONFIG"])
     assert pids(env) == before
-    assert result.stderr.count("running (pid") == len(COMPONENTS)
+    running = [line for line in result.stderr.splitlines() if "running (pid" in line]
+    joined = [node.name for node in settings.joined_nodes]
+    each = {name: [line for line in running if line.startswith(f"· {name}: ")] for name in joined}
+    assert len(running) - sum(map(len, each.values())) == len(COMPONENTS), result.stderr
+    # A joined node's containerd, kubelet and kube-proxy are left running too.
+    assert all(len(lines) == len(JOINED_COMPONENTS) for lines in each.values()), each
+    assert "restarting" not in result.stderr, result.stderr
 
 
 def test_apply_again_changes_nothing(env: dict[str, str], kubeconfig: str) -> None:
@@ -250,9 +258,11 @@ def sandbox_set() -> str:
     return result.stdout
 
 
-def test_egress_floor_survives_runtime_restarts(env: dict[str, str], kubeconfig: str) -> None:
+def test_egress_floor_survives_runtime_restarts(
+    env: dict[str, str], kubeconfig: str, first_node: str
+) -> None:
     """A sandbox pod stays enrolled, and the floor's rules stay loaded, across a restart of
-    containerd and the kubelet."""
+    the first node's containerd and kubelet (the pod is placed there)."""
     from warren.node.images import busybox_image
 
     pod = {
@@ -261,6 +271,7 @@ def test_egress_floor_survives_runtime_restarts(env: dict[str, str], kubeconfig:
         "metadata": {"name": "floor-restart", "namespace": "warren-sandboxes"},
         "spec": {
             "runtimeClassName": "gvisor",
+            "nodeName": first_node,
             "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": 0,
             "containers": [

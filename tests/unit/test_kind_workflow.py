@@ -36,6 +36,7 @@ HOST_SPECIFIC = (
     "cluster.etcd_metrics_port",
     "cluster.controller_manager_port",
     "cluster.scheduler_port",
+    "cluster.joined_nodes",
     "services.kubelet_root",
     "services.stores_host_path",
     "services.blockd_state_host_path",

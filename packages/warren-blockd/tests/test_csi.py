@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -300,10 +301,12 @@ def test_fork_of_a_published_workspace_sees_its_files_and_diverges(csi: Csi) -> 
     csi.unpublish("csi-vol-a")
 
 
-def bind_call(port: int, token: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def bind_call(
+    port: int, token: str, body: dict[str, Any], route: str = "/v1/bind"
+) -> tuple[int, dict[str, Any]]:
     """One call to the plugin's bind API, as the controller makes it."""
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/bind",
+        f"http://127.0.0.1:{port}{route}",
         data=json.dumps(body).encode(),
         method="POST",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
@@ -315,11 +318,9 @@ def bind_call(port: int, token: str, body: dict[str, Any]) -> tuple[int, dict[st
         return exc.code, json.loads(exc.read())
 
 
-def test_a_bind_at_claim_volume_is_published_empty_and_takes_its_workspace_at_the_bind(
-    node: Blockd, tmp_path: Path
-) -> None:
-    """A warm pool pod's volume for a fork's child: published with nothing mounted, then
-    bound through the bind API (real TCP, the token) to a fork of a published workspace."""
+@contextmanager
+def bind_api(node: Blockd, tmp_path: Path) -> Iterator[tuple[Csi, int, str]]:
+    """A CSI plugin serving its bind API on a TCP port with a token: (csi, port, token)."""
     token = secrets.token_hex(16)
     (tmp_path / "token").write_text(token + "\n")
     with socket.socket() as probe:
@@ -339,6 +340,18 @@ def test_a_bind_at_claim_volume_is_published_empty_and_takes_its_workspace_at_th
         plugin, csi_pb2_grpc.IdentityStub(channel), csi_pb2_grpc.NodeStub(channel), None, tmp_path / "pods"
     )  # type: ignore[arg-type]
     try:
+        yield csi, port, token
+    finally:
+        channel.close()
+        plugin.stop()
+
+
+def test_a_bind_at_claim_volume_is_published_empty_and_takes_its_workspace_at_the_bind(
+    node: Blockd, tmp_path: Path
+) -> None:
+    """A warm pool pod's volume for a fork's child: published with nothing mounted, then
+    bound through the bind API (real TCP, the token) to a fork of a published workspace."""
+    with bind_api(node, tmp_path) as (csi, port, token):
         parent = csi.publish("csi-parent", pod_context(pod="parent", workspace="ws-parent", size="64Mi"))
         (parent / "note.txt").write_text("the parent's\n")
         waiting = csi.publish("csi-pool", pod_context(pod="pool-1", bindAtClaim="true"))
@@ -380,9 +393,51 @@ def test_a_bind_at_claim_volume_is_published_empty_and_takes_its_workspace_at_th
         assert (again / "note.txt").read_text() == "the child's\n"
         csi.unpublish("csi-again")
         csi.unpublish("csi-parent")
-    finally:
-        channel.close()
-        plugin.stop()
+
+
+def test_a_fork_for_another_node_is_made_where_its_source_is_mounted_and_bound_as_stored(
+    node: Blockd, tmp_path: Path
+) -> None:
+    """A fork's child for a pool pod on another node: the source's node forks it through its
+    bind API (freezing the source until its writes are in storage), and the child is then
+    bound by workspace alone, restored from storage as the other node would."""
+    with bind_api(node, tmp_path) as (csi, port, token):
+        parent = csi.publish("csi-parent", pod_context(pod="parent", workspace="ws-parent", size="64Mi"))
+        # The parent's last write, not yet replicated when the fork is asked for.
+        (parent / "note.txt").write_text("the parent's, just before the fork\n")
+        fork = {"source": "ws-parent", "children": ["ws-far"], "siblings": 1}
+        status, answer = bind_call(port, token, fork, "/v1/fork")
+        assert status == 200 and answer["children"] == {"ws-far": None}, answer
+        assert isinstance(answer["fork_ms"], int)
+        status, answer = bind_call(port, token, fork, "/v1/fork")
+        assert status == 200 and "already exists" in answer["children"]["ws-far"], answer
+        for bad, problem in (
+            ({**fork, "children": []}, "children is missing"),
+            ({**fork, "source": "Not.Valid"}, "is not a workspace id"),
+            ({**fork, "children": ["ws-parent"]}, "cannot be made from itself"),
+            ({**fork, "sibling": 2}, "unknown field(s) sibling"),
+            ({**fork, "siblings": 0}, "is not a count of a fork's children"),
+        ):
+            status, answer = bind_call(port, token, bad, "/v1/fork")
+            assert (status, answer["error"]) == (400, "bad_request") and problem in answer["message"], answer
+        status, answer = bind_call(port, "not-the-token", fork, "/v1/fork")
+        assert (status, answer["error"]) == (401, "unauthorized")
+
+        far = csi.publish("csi-far", pod_context(pod="pool-3", bindAtClaim="true"))
+        status, answer = bind_call(port, token, {"pod_uid": "uid-pool-3", "workspace": "ws-far"})
+        assert (status, answer) == (200, {"workspace": "ws-far", "how": "restored"}), answer
+        assert (far / "note.txt").read_text() == "the parent's, just before the fork\n"
+        (far / "note.txt").write_text("the child's\n")
+        assert (parent / "note.txt").read_text() == "the parent's, just before the fork\n"
+        # Bound by workspace alone, a workspace that does not exist needs a size.
+        waiting = csi.publish("csi-none", pod_context(pod="pool-4", bindAtClaim="true"))
+        status, answer = bind_call(port, token, {"pod_uid": "uid-pool-4", "workspace": "ws-nowhere"})
+        assert (status, answer["error"]) == (400, "bad_request") and "gives no size" in answer["message"], (
+            answer
+        )
+        assert mounts_at(waiting) == 0
+        for volume in ("csi-none", "csi-far", "csi-parent"):
+            csi.unpublish(volume)
 
 
 def test_invalid_requests_are_refused_with_the_problem_named(csi: Csi) -> None:

@@ -498,12 +498,18 @@ class FakeBinder:
         self.siblings: list[int | None] = []
         self.refuse = refuse
 
+        self.forks: list[tuple[str, str, str, int | None]] = []
+
     def bind(self, pod: Obj, workspace: Obj, siblings: int | None = None) -> str:
         self.calls.append((pod["metadata"]["uid"], dict(workspace)))
         self.siblings.append(siblings)
         if self.refuse:
             raise BindError(self.refuse)
         return "forked"
+
+    def fork(self, node: str, source: str, child: str, siblings: int | None = None) -> int:
+        self.forks.append((node, source, child, siblings))
+        return 42
 
 
 def with_ephemeral_containers(kube: FakeKube) -> list[tuple[str, Obj]]:
@@ -593,6 +599,43 @@ def test_a_forks_child_claims_a_pod_binds_its_fork_there_and_then_starts_its_con
     assert binder.calls == [(claimed["metadata"]["uid"], FORK_CHILD)]  # one bind, one container
     assert len(added) == 1
     assert first["metadata"]["name"] in kube.pods
+
+
+def test_a_forks_child_claims_beside_its_source_first_and_elsewhere_forks_on_the_sources_node() -> None:
+    """Two nodes: the parent's workspace is mounted on node a. A child claims a pool pod on
+    a while there is one, and its node forks it; on node b, the parent's node makes the
+    child (it holds every write the parent made) and b binds the child as storage has it."""
+    kube, reconciler, binder, _ = bind_pool()
+    kube.add_sandbox("parent", workspace={"id": "ws-parent", "size": "10Gi"})
+    reconciler.reconcile(NS, "parent")
+    (parent_pod,) = [p for p in kube.pods.values() if pod_workspace_id(p) == "ws-parent"]
+    parent_pod["spec"]["nodeName"] = "a"
+    pods = fill(kube, reconciler, "base-forks")
+    for pod, node in zip(sorted(pods, key=lambda p: p["metadata"]["name"]), ("b", "a"), strict=True):
+        pod["spec"]["nodeName"] = node
+    remember_all(reconciler, kube)
+
+    def child(name: str) -> tuple[Obj, Obj]:
+        workspace = {**FORK_CHILD, "id": f"ws-{name}"}
+        token_sha256 = hashlib.sha256(name.encode()).hexdigest()
+        sbx = kube.add_sandbox(name, pool="base-forks", workspace=workspace, agentTokenSha256=token_sha256)
+        sbx["metadata"]["annotations"] = {FORK_SIBLINGS_ANNOTATION: "2"}
+        remember_all(reconciler, kube)
+        reconciler.reconcile(NS, name)
+        mine = [p for p in kube.pods.values() if controller_uid(p) == sbx["metadata"]["uid"]]
+        (claimed,) = mine
+        return claimed, workspace
+
+    near, workspace = child("near")
+    assert near["spec"]["nodeName"] == "a" and binder.forks == []
+    assert binder.calls[-1] == (near["metadata"]["uid"], workspace) and binder.siblings[-1] == 2
+    far, workspace = child("far")
+    assert far["spec"]["nodeName"] == "b"
+    assert binder.forks == [("a", "ws-parent", "ws-far", 2)]
+    assert binder.calls[-1] == (far["metadata"]["uid"], {"id": "ws-far"}) and binder.siblings[-1] is None
+    how = started(kube.status("far"))
+    assert how[:2] == ("pool", "Claimed") and "forked on its source's node" in how[2], how
+    assert "forked on its source's node" not in started(kube.status("near"))[2]
 
 
 def test_the_mirror_takes_the_controllers_word_that_a_claimed_pods_agent_answered() -> None:

@@ -49,8 +49,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--egress-test-hosts",
         choices=["none", "local"],
         default="none",
-        help="local: make test hosts in network namespaces on this machine (root; it must be the "
-        "cluster's only node) and prove the egress floor against them",
+        help="local: make test hosts in network namespaces on this machine (root; every node must "
+        "run on it) and prove the egress floor against them from a pod on each node",
     )
 
 

@@ -2,10 +2,12 @@
 
 Test hosts at private, shared, link-local and metadata addresses, and one at a public
 documentation address, are made on this machine in network namespaces (--egress-test-hosts
-local; the machine must be the cluster's only node). From a sandbox pod none of the
-forbidden ones, nor the node itself, nor the `kubernetes` Service, answers; the public one
-and cluster DNS do. The same probes from a pod outside any sandbox namespace reach the
-private hosts: the floor singles out sandbox pods, and the hosts were really there.
+local; every node of the cluster must run on this machine, as the local cluster's joined
+nodes do). The floor is each node's own, so every probe is made from a pod on each Ready
+node. From a sandbox pod none of the forbidden ones, nor its node, nor the `kubernetes`
+Service, answers; the public one and cluster DNS do. The same probes from a pod outside any
+sandbox namespace on the same node reach the private hosts: the floor singles out sandbox
+pods, and the hosts were really there.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ PUBLIC = "203.0.113.10"  # TEST-NET-3, a documentation range: stands for "the in
 @pytest.fixture(scope="module", autouse=True)
 def _wanted(request: pytest.FixtureRequest) -> None:
     if request.config.getoption("--egress-test-hosts") != "local":
-        pytest.skip("needs test hosts: pass --egress-test-hosts local on the cluster's only node (as root)")
+        pytest.skip(
+            "needs test hosts: pass --egress-test-hosts local on the machine the nodes run on (as root)"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -53,21 +57,47 @@ def image(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def sandbox(
-    core: client.CoreV1Api, sandbox_ns: str, image: str, hosts: dict[str, ProbeHost]
-) -> Iterator[str]:
-    name = unique("egress")
-    running_pod(core, sandbox_ns, busybox_pod(name, image))
-    yield name
-    core.delete_namespaced_pod(name, sandbox_ns, grace_period_seconds=0)
+def nodes(core: client.CoreV1Api) -> list[str]:
+    """Every Ready, schedulable node."""
+    ready = sorted(
+        str(node.metadata.name)
+        for node in core.list_node().items
+        if not node.spec.unschedulable
+        and any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    )
+    assert ready, "no node is Ready"
+    return ready
+
+
+def _on_each(
+    core: client.CoreV1Api, ns: str, nodes: list[str], image: str, runtime_class: str | None
+) -> Iterator[dict[str, str]]:
+    """A busybox pod on each node: node -> pod name; removed afterwards."""
+    pods: dict[str, str] = {}
+    try:
+        for node in nodes:
+            pod = busybox_pod(unique("egress" if runtime_class else "egress-plain"), image, runtime_class)
+            pod["spec"]["nodeName"] = node
+            pods[node] = pod["metadata"]["name"]
+            running_pod(core, ns, pod)
+        yield pods
+    finally:
+        for name in pods.values():
+            core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
 
 
 @pytest.fixture(scope="module")
-def plain(core: client.CoreV1Api, plain_ns: str, image: str, hosts: dict[str, ProbeHost]) -> Iterator[str]:
-    name = unique("egress-plain")
-    running_pod(core, plain_ns, busybox_pod(name, image, runtime_class=None))
-    yield name
-    core.delete_namespaced_pod(name, plain_ns, grace_period_seconds=0)
+def sandbox(
+    core: client.CoreV1Api, sandbox_ns: str, image: str, nodes: list[str], hosts: dict[str, ProbeHost]
+) -> Iterator[dict[str, str]]:
+    yield from _on_each(core, sandbox_ns, nodes, image, "gvisor")
+
+
+@pytest.fixture(scope="module")
+def plain(
+    core: client.CoreV1Api, plain_ns: str, image: str, nodes: list[str], hosts: dict[str, ProbeHost]
+) -> Iterator[dict[str, str]]:
+    yield from _on_each(core, plain_ns, nodes, image, None)
 
 
 def connects(core: client.CoreV1Api, ns: str, pod: str, address: str, port: int) -> bool:
@@ -86,57 +116,68 @@ def fetch(core: client.CoreV1Api, ns: str, pod: str, host: ProbeHost) -> str:
 
 @pytest.mark.parametrize("label", sorted(FORBIDDEN))
 def test_sandbox_cannot_reach(
-    core: client.CoreV1Api, sandbox_ns: str, sandbox: str, hosts: dict[str, ProbeHost], label: str
+    core: client.CoreV1Api, sandbox_ns: str, sandbox: dict[str, str], hosts: dict[str, ProbeHost], label: str
 ) -> None:
     host = hosts[label]
-    assert fetch(core, sandbox_ns, sandbox, host) == "", f"sandbox reached {host.address} ({label})"
+    reached = [node for node, pod in sandbox.items() if fetch(core, sandbox_ns, pod, host)]
+    assert not reached, f"a sandbox reached {host.address} ({label}) from node(s) {reached}"
 
 
 @pytest.mark.parametrize("label", sorted(FORBIDDEN))
 def test_non_sandbox_pod_reaches_the_same_host(
-    core: client.CoreV1Api, plain_ns: str, plain: str, hosts: dict[str, ProbeHost], label: str
+    core: client.CoreV1Api, plain_ns: str, plain: dict[str, str], hosts: dict[str, ProbeHost], label: str
 ) -> None:
     host = hosts[label]
-    assert f"warren-test-host {host.address}" in fetch(core, plain_ns, plain, host)
+    for node, pod in plain.items():
+        assert f"warren-test-host {host.address}" in fetch(core, plain_ns, pod, host), node
 
 
 def test_sandbox_reaches_public_address(
-    core: client.CoreV1Api, sandbox_ns: str, sandbox: str, hosts: dict[str, ProbeHost]
+    core: client.CoreV1Api, sandbox_ns: str, sandbox: dict[str, str], hosts: dict[str, ProbeHost]
 ) -> None:
     host = hosts["public"]
-    assert f"warren-test-host {host.address}" in fetch(core, sandbox_ns, sandbox, host)
+    for node, pod in sandbox.items():
+        assert f"warren-test-host {host.address}" in fetch(core, sandbox_ns, pod, host), node
 
 
-def _node_address(core: client.CoreV1Api, ns: str, pod: str) -> str:
-    node = core.read_node(core.read_namespaced_pod(pod, ns).spec.node_name)
-    return next(a.address for a in node.status.addresses if a.type == "InternalIP")
+def _node_address(core: client.CoreV1Api, node: str) -> str:
+    return next(a.address for a in core.read_node(node).status.addresses if a.type == "InternalIP")
 
 
 def test_sandbox_cannot_reach_kubelet(
-    core: client.CoreV1Api, sandbox_ns: str, sandbox: str, plain_ns: str, plain: str
+    core: client.CoreV1Api, sandbox_ns: str, sandbox: dict[str, str], plain_ns: str, plain: dict[str, str]
 ) -> None:
-    node_ip = _node_address(core, sandbox_ns, sandbox)
-    assert connects(core, plain_ns, plain, node_ip, 10250), "control: the kubelet port must be open"
-    assert not connects(core, sandbox_ns, sandbox, node_ip, 10250)
+    """Its own node's kubelet, and every other node's."""
+    for node, pod in sandbox.items():
+        for other in sandbox:
+            node_ip = _node_address(core, other)
+            assert connects(core, plain_ns, plain[node], node_ip, 10250), (
+                f"control: the kubelet port of {other} must be open from {node}"
+            )
+            assert not connects(core, sandbox_ns, pod, node_ip, 10250), f"from {node} to {other}'s kubelet"
 
 
 def test_sandbox_cannot_reach_kubernetes_service(
     core: client.CoreV1Api,
     sandbox_ns: str,
-    sandbox: str,
+    sandbox: dict[str, str],
     plain_ns: str,
-    plain: str,
+    plain: dict[str, str],
     warren_config: WarrenConfig,
 ) -> None:
     service_ip = warren_config.cluster.service_ip
-    assert connects(core, plain_ns, plain, service_ip, 443), "control: the API must answer other pods"
-    assert not connects(core, sandbox_ns, sandbox, service_ip, 443)
+    for node, pod in sandbox.items():
+        assert connects(core, plain_ns, plain[node], service_ip, 443), (
+            f"control: the API must answer {node}'s pods"
+        )
+        assert not connects(core, sandbox_ns, pod, service_ip, 443), node
 
 
 def test_sandbox_resolves_cluster_dns(
-    core: client.CoreV1Api, sandbox_ns: str, sandbox: str, warren_config: WarrenConfig
+    core: client.CoreV1Api, sandbox_ns: str, sandbox: dict[str, str], warren_config: WarrenConfig
 ) -> None:
     domain = warren_config.cluster.cluster_domain
-    result = exec_in(core, sandbox_ns, sandbox, ["nslookup", f"kubernetes.default.svc.{domain}"], timeout=20)
-    assert result.code == 0, result.output
-    assert warren_config.cluster.service_ip in result.output
+    for node, pod in sandbox.items():
+        result = exec_in(core, sandbox_ns, pod, ["nslookup", f"kubernetes.default.svc.{domain}"], timeout=20)
+        assert result.code == 0, (node, result.output)
+        assert warren_config.cluster.service_ip in result.output, node

@@ -55,6 +55,20 @@ class Binder:
             body["size"] = str(workspace["size"])
         return str(self._post(node, "/v1/bind", body, "the bind").get("how"))
 
+    def fork(self, node: str, source: str, child: str, siblings: int | None = None) -> int:
+        """Make `child` a fork of `source` in object storage on `node`, where the source is
+        mounted: that node's daemon freezes it until its writes are replicated, so a child
+        bound on another node starts from every write made before the fork. The fork's time
+        in milliseconds; a child that exists already (an earlier pass made it) is kept."""
+        body: dict[str, Any] = {"source": source, "children": [child]}
+        if siblings:
+            body["siblings"] = siblings
+        answer = self._post(node, "/v1/fork", body, "the fork")
+        error = (answer.get("children") or {}).get(child)
+        if error and "already exists" not in str(error):
+            raise BindError(f"warren-blockd on node {node} could not fork {source} into {child}: {error}")
+        return int(answer.get("fork_ms") or 0)
+
     def capture(self, pod: Mapping[str, Any], workspace: str) -> dict[str, Any]:
         """Freeze and checkpoint the running pod's gVisor sandbox and store the image, bound
         to `workspace` as proven in storage after it (warren_blockd.memory): the image's

@@ -188,6 +188,10 @@ def _ready(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") == "Running" and ready.get("status") == "True"
 
 
+def _node(pod: Mapping[str, Any]) -> str | None:
+    return (pod.get("spec") or {}).get("nodeName")
+
+
 def _terminating(obj: Mapping[str, Any]) -> bool:
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
@@ -942,7 +946,7 @@ class Reconciler:
             if isinstance(started, str):
                 log.warning("pod %s could not take its sandbox: %s", name, started)
                 return self._delete(pod)
-            return started
+            return started[0]
         return pod
 
     def _claim(self, sandbox: Obj) -> tuple[Obj, Obj | None, Obj]:
@@ -958,7 +962,10 @@ class Reconciler:
             return sandbox, None, cold
         pool_name = pool["metadata"]["name"]
         attempts = 0
-        for candidate in self._ready_pool_pods(pool):
+        # A fork's child takes a pod beside its source first: its fork needs no other node.
+        near = self._parent_node(sandbox)
+        ready = sorted(self._ready_pool_pods(pool), key=lambda pod: _node(pod) != near)
+        for candidate in ready:
             name = candidate["metadata"]["name"]
             with self._guard:
                 if (namespace, name) in self._taken:
@@ -983,10 +990,13 @@ class Reconciler:
                 continue
             patched_ms = round((time.monotonic() - patching) * 1000)
             self._refill_after_claim(namespace, str(pool_name), later=bind_at_claim)
+            bound = " and bound its workspace there"
             if bind_at_claim:
                 started = self._start_in(sandbox, claimed, pool=(namespace, str(pool_name)))
                 refused = started if isinstance(started, str) else None
-                claimed = started if isinstance(started, dict) else claimed
+                if isinstance(started, tuple):
+                    claimed, how = started
+                    bound += f"; {how}" if how else ""
             else:
                 refused = self._claim_agent(sandbox, claimed)
                 if refused:
@@ -1015,8 +1025,7 @@ class Reconciler:
                     "type": POOL_CONDITION,
                     "status": "True",
                     "reason": "Claimed",
-                    "message": f"claimed a ready pod of pool {pool_name}"
-                    + (" and bound its workspace there" if bind_at_claim else ""),
+                    "message": f"claimed a ready pod of pool {pool_name}" + (bound if bind_at_claim else ""),
                 },
             )
         return sandbox, None, _cold("PoolEmpty", f"pool {pool_name} had no ready pod")
@@ -1081,16 +1090,32 @@ class Reconciler:
             held = self._pool_starting.get((namespace, pool))
         return held is not None and time.monotonic() - held[1] < REFILL_AT_THE_LATEST_S
 
-    def _start_in(self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None = None) -> Obj | str:
+    def _start_in(
+        self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None = None
+    ) -> tuple[Obj, str | None] | str:
         """Start the Sandbox in the bindAtClaim pool pod it claimed: its workspace bound at
         the pod's awaiting volume by the node's warren-blockd, then its own container added
-        (the pod as it is then); why not, if it could not be done."""
+        (the pod as it is then, and how a fork crossed nodes if it did); why not, if it
+        could not be done.
+
+        A fork's child on another node than its source's: the source's node forks it (its
+        daemon holds every write the source made, and freezes it until they are in object
+        storage), and the pod's node binds the child as storage has it. Forked on the pod's
+        own node instead, it would start from what the source had replicated so far."""
         workspace = (sandbox.get("spec") or {}).get("workspace") or {}
         if self.binder is None:
             return "this controller cannot bind workspaces (no bind token)"
         binding = time.monotonic()
+        source, near, crossed = workspace.get("forkOf"), self._parent_node(sandbox), None
         try:
-            how = self.binder.bind(pod, workspace, fork_siblings(sandbox))
+            if source and near and near != _node(pod):
+                fork_ms = self.binder.fork(near, str(source), str(workspace["id"]), fork_siblings(sandbox))
+                crossed = (
+                    f"forked on its source's node once the source's writes were in object storage "
+                    f"({fork_ms} ms), then bound on another node"
+                )
+                workspace = {"id": workspace["id"]}
+            how = self.binder.bind(pod, workspace, fork_siblings(sandbox) if source and not crossed else None)
             adding = time.monotonic()
             container = ephemeral_container_for(sandbox, self.options.pod)
             started = self.kube.add_ephemeral_container(
@@ -1114,7 +1139,7 @@ class Reconciler:
             (adding - binding) * 1000,
             (added - adding) * 1000,
         )
-        return started
+        return started, crossed
 
     def _await_agent(self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None) -> None:
         """Ask the new container's agent until it answers, then pass over the Sandbox again:

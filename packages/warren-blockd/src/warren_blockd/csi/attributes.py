@@ -79,7 +79,7 @@ def parse_size(text: str) -> int:
     return value
 
 
-def _workspace_id(key: str, value: str) -> str:
+def workspace_id(key: str, value: str) -> str:
     if not valid_workspace_id(value):
         raise invalid(f"volume attribute {key}={value!r} is not a workspace id: use {WORKSPACE_ID_RULE}")
     return value
@@ -105,15 +105,15 @@ def parse(context: Mapping[str, str]) -> VolumeRequest | AwaitingClaim:
         return _awaiting(context, *pod)
     if not context.get("workspace"):
         raise invalid("volume attribute workspace is missing: name the workspace this volume serves")
-    workspace = _workspace_id("workspace", context["workspace"])
-    fork_of = _workspace_id("forkOf", context["forkOf"]) if context.get("forkOf") else None
-    template = _workspace_id("template", context["template"]) if context.get("template") else None
+    workspace = workspace_id("workspace", context["workspace"])
+    fork_of = workspace_id("forkOf", context["forkOf"]) if context.get("forkOf") else None
+    template = workspace_id("template", context["template"]) if context.get("template") else None
     if fork_of and template:
         raise invalid("volume attributes forkOf and template exclude each other: give one")
     if workspace in (fork_of, template):
         raise invalid(f"workspace {workspace} cannot be made from itself: change forkOf or template")
     size = parse_size(context["size"]) if context.get("size") else None
-    siblings = _siblings(context["siblings"]) if context.get("siblings") else None
+    siblings = sibling_count(context["siblings"]) if context.get("siblings") else None
     if siblings is not None and not fork_of:
         raise invalid("volume attribute siblings counts a fork's children: give forkOf too, or drop it")
     return VolumeRequest(
@@ -128,7 +128,7 @@ def parse(context: Mapping[str, str]) -> VolumeRequest | AwaitingClaim:
     )
 
 
-def _siblings(text: str) -> int:
+def sibling_count(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= MAX_SIBLINGS:
         raise invalid(
             f"volume attribute siblings={text!r} is not a count of a fork's children: "

@@ -3,8 +3,13 @@ bindAtClaim volume. JSON over HTTP on a TCP address, to callers holding the toke
 mount from one Secret (sandbox pods cannot reach the address at all: the egress floor keeps
 them off private ranges; the token keeps everyone else out).
 
-  POST /v1/bind  {"pod_uid", "workspace", and one of "forkOf" | "template" | "size"}
+  POST /v1/bind  {"pod_uid", "workspace", and one of "forkOf" | "template" | "size", or
+                 none of them for a workspace that exists}
                  -> {"workspace", "how"}: forked, from template, created, restored, already bound
+  POST /v1/fork  {"source", "children", "siblings"?} -> {"children": {id: error or null},
+                 "fork_ms"}: the children made in object storage by the node the source is
+                 mounted on, after its writes there reached storage (a fork whose children
+                 run on other nodes: each binds its child as it exists)
   POST /v1/capture  {"pod_uid", "workspace"} -> {"image", "workspace_seq", "bytes", ...}
   POST /v1/stage    {"image", "workspace", "workspace_seq", "into"?} -> {"image", "workspace",
                     "path"}: where the host has it, verified, if the workspace is at that write
@@ -55,9 +60,23 @@ def request_of(body: dict[str, Any]) -> attributes.VolumeRequest:
     wanted = attributes.parse(context)
     if not isinstance(wanted, attributes.VolumeRequest):  # bindAtClaim is not among FIELDS
         raise invalid("a bind names a workspace: give workspace")
-    if not wanted.source and wanted.size_bytes is None:
-        raise attributes.missing_size(wanted.workspace)
-    return wanted
+    return wanted  # one with neither source nor size is restored, or refused for lack of a size
+
+
+def fork_of(body: dict[str, Any]) -> tuple[str, list[str], int | None]:
+    """(source, children, siblings) of a fork request, checked as a pod's attributes are."""
+    unknown = sorted(k for k in body if k not in ("source", "children", "siblings"))
+    if unknown:
+        raise invalid(f"unknown field(s) {', '.join(unknown)}: use source, children, siblings")
+    children = body.get("children")
+    if not isinstance(children, list) or not children:
+        raise invalid("children is missing: name the workspaces the fork makes")
+    source = attributes.workspace_id("source", str(body.get("source") or ""))
+    made = [attributes.workspace_id("children", str(child)) for child in children]
+    if source in made:
+        raise invalid(f"workspace {source} cannot be made from itself: drop it from children")
+    siblings = attributes.sibling_count(str(body["siblings"])) if body.get("siblings") is not None else None
+    return source, made, siblings
 
 
 def routes(publisher: Publisher) -> list[Route]:
@@ -74,6 +93,20 @@ def routes(publisher: Publisher) -> list[Route]:
         }
         log.info("bound", extra={"fields": fields})
         return {"workspace": wanted.workspace, "how": how}
+
+    def fork(request: Request) -> dict[str, Any]:
+        began = time.monotonic()
+        source, children, siblings = fork_of(request.body)
+        body: dict[str, Any] = {"children": children}
+        if siblings is not None:
+            body["siblings"] = siblings
+        made = publisher.client.request("POST", f"/v1/workspaces/{source}/fork", body)["children"]
+        fork_ms = round((time.monotonic() - began) * 1000)
+        log.info(
+            "forked for other nodes",
+            extra={"fields": {"source": source, "children": made, "fork_ms": fork_ms}},
+        )
+        return {"children": made, "fork_ms": fork_ms}
 
     def capture(request: Request) -> Any:
         body = {"pod_uid": str(request.body["pod_uid"]), "workspace": str(request.body["workspace"])}
@@ -95,6 +128,7 @@ def routes(publisher: Publisher) -> list[Route]:
 
     return [
         Route("POST", "/v1/bind", bind),
+        Route("POST", "/v1/fork", fork),
         Route("POST", "/v1/discard", discard),
         Route("POST", "/v1/capture", capture),
         Route("POST", "/v1/stage", stage),
