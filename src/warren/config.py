@@ -387,6 +387,9 @@ class ServicesConfig(_Model):
     # Warm pools, by template: a SandboxPool each in the default sandbox namespace, and the
     # control plane names it in the creates the template describes. {} for none.
     pools: dict[str, PoolConfig] = Field(default_factory=lambda: {"base": PoolConfig()})
+    # A sandbox whose node has not been Ready for this long gets a new pod on another node,
+    # its workspace restored there. More than warren-blockd's hold of a workspace (30 s).
+    node_lost_seconds: Annotated[float, Field(ge=31, le=3600)] = 60.0
     # The nodes that run sandboxes (and so warren-blockd); empty: every node.
     sandbox_node_selector: dict[str, str] = Field(default_factory=dict)
     # embedded: the node the stores keep their data on (their host paths are that node's

@@ -253,6 +253,61 @@ def test_the_children_of_a_fork_of_base_claim_fork_pool_pods_and_take_their_fork
     wait_for(lambda: full(env, state, "base-forks"), 300, "the fork pool to refill")
 
 
+def kube(env: dict[str, str], state: Path, *args: str) -> str:
+    return ok(run(env, "kubectl", "--kubeconfig", str(state / "admin.kubeconfig"), *args))
+
+
+def node_of_workspace(env: dict[str, str], state: Path, workspace: str) -> str:
+    pods = json.loads(
+        kube(env, state, "get", "pods", "-A", "-l", f"warren.dev/workspace={workspace}", "-o", "json")
+    )
+    (node,) = {p["spec"]["nodeName"] for p in pods["items"] if not p["metadata"].get("deletionTimestamp")}
+    return str(node)
+
+
+def test_a_forks_child_on_another_node_starts_from_every_write_its_source_made(
+    env: dict[str, str], state: Path, settings: ClusterConfig, made: list[str]
+) -> None:
+    """Two nodes: the parent runs on one and every ready pod of the fork pool on the other,
+    so its child claims one there. The parent's node forks the child (freezing the parent
+    until its writes are in object storage) and the child's node binds it as stored: the
+    child has the note written just before the fork, and its PoolClaimed condition says it
+    crossed nodes."""
+    if not settings.sandbox_workspaces:
+        pytest.skip("forks need workspaces, which this deployment does not have")
+    if not settings.joined_nodes:
+        pytest.skip("needs a second node: cluster.joined_nodes")
+    image = wait_for(lambda: full(env, state), 300, "the base pool to be full")["spec"]["image"]
+    parent = json.loads(ok(sandbox(env, "--json", "create", image)))
+    made.append(parent["id"])
+    here = node_of_workspace(env, state, json.loads(ok(sandbox(env, "get", parent["id"])))["workspace_id"])
+    kube(env, state, "cordon", here)
+    try:  # the fork pool's pods beside the parent go, and come back on the other node
+        pods = ("-n", "warren-sandboxes", "-l", "warren.dev/pool=base-forks")
+        kube(env, state, "delete", "pods", *pods, "--field-selector", f"spec.nodeName={here}", "--wait=false")
+
+        def elsewhere() -> bool:
+            found = json.loads(kube(env, state, "get", "pods", *pods, "-o", "json"))["items"]
+            nodes = {p["spec"].get("nodeName") for p in found if not p["metadata"].get("deletionTimestamp")}
+            return here not in nodes and full(env, state, "base-forks") is not None
+
+        wait_for(elsewhere, 300, f"the fork pool's ready pods all off {here}")
+    finally:
+        kube(env, state, "uncordon", here)
+    note = b"written in the parent just before the fork\n"
+    ok(sandbox(env, "write-file", parent["id"], "/workspace/note", stdin=note))
+    (child,) = ok(sandbox(env, "fork", parent["id"])).split()
+    made.append(child)
+    seen = json.loads(ok(sandbox(env, "get", child)))
+    (claimed,) = [c for c in seen["conditions"] if c["type"] == "PoolClaimed"]
+    assert claimed["status"] == "True" and "forked on its source's node" in claimed["message"], claimed
+    assert node_of_workspace(env, state, seen["workspace_id"]) != here
+    assert read(env, child, "/workspace/note") == note
+    for sandbox_id in (child, parent["id"]):
+        ok(sandbox(env, "delete", sandbox_id))
+        made.remove(sandbox_id)
+
+
 def test_a_mount_made_under_a_running_pool_pods_workspace_is_seen_only_by_a_container_started_after_it(
     env: dict[str, str], state: Path, settings: ClusterConfig
 ) -> None:

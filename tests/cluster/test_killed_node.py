@@ -6,8 +6,11 @@ wiped); the node starts again and the same sandbox comes back with every byte th
 covered, restored from the object store. The API's answer for what object storage proves,
 read before the loss, names at least the receipt's sequence, and still does after.
 
-It runs before test_local_cluster.py (file order), whose last tests take the cluster down, and
-after the acceptance path: it takes every pod of the node down with it."""
+The second test loses the joined node instead, for good: its sandbox comes back on the first
+node, and the lost node's warren-blockd, back again, cannot take the workspace back.
+
+They run before test_local_cluster.py (file order), whose last tests take the cluster down,
+and after the acceptance path: they take every pod of the node down with them."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -247,3 +251,180 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
         if lost:  # failed half-way: bring the node back, or every later test fails on it
             playbook(env)
         sandbox(env, "delete", "--no-wait", box)
+
+
+def pods_of(state: Path, workspace: str) -> list[dict[str, object]]:
+    """The live pods serving `workspace`, in every namespace."""
+    found = json.loads(
+        kubectl(state, "get", "pods", "-A", "-l", f"warren.dev/workspace={workspace}", "-o", "json")
+    )
+    return [pod for pod in found["items"] if not pod["metadata"].get("deletionTimestamp")]
+
+
+def ready_nodes(state: Path) -> dict[str, bool]:
+    found = json.loads(kubectl(state, "get", "nodes", "-o", "json"))["items"]
+    return {
+        node["metadata"]["name"]: any(
+            c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or []
+        )
+        for node in found
+    }
+
+
+def warren_up(env: dict[str, str]) -> None:
+    """`warren cluster up`: every node's processes running again, the joined nodes' too."""
+    up = subprocess.run(
+        [str(Path(sys.executable).parent / "warren"), "cluster", "up", "--config", env["WARREN_TEST_CONFIG"]],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    assert up.returncode == 0, up.stdout + up.stderr
+
+
+def kill_joined_node(state: Path, node: str) -> None:
+    """A joined node's crash: its kubelet and its warren-blockd SIGKILLed, nothing flushed.
+    Its containerd and the sandboxes it runs stay (a node cut off from the cluster)."""
+    record = state / "nodes" / node / "run" / "kubelet.json"
+    os.kill(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            cgroup = (entry / "cgroup").read_text()
+        except OSError:
+            continue
+        if f"::/warren-{node}/" in cgroup and any(arg.endswith(b"/warren-blockd") for arg in cmdline[:3]):
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed.append(entry.name)
+    assert killed, f"no warren-blockd process of node {node} was found"
+
+
+def assert_stale_writer_refused(state: Path, node: str, workspace: str, holder: str) -> None:
+    """Once `node` is Ready again, its warren-blockd's attach of `workspace` is refused:
+    `holder` holds it."""
+    deadline = time.monotonic() + 300
+    while not ready_nodes(state)[node]:
+        assert time.monotonic() < deadline, f"{node} did not come back"
+        time.sleep(2)
+    while True:
+        try:
+            back = blockd_pod(state, node)
+            break
+        except AssertionError:
+            assert time.monotonic() < deadline, f"warren-blockd did not come back on {node}"
+            time.sleep(2)
+    stale = subprocess.run(
+        [
+            *(
+                "kubectl",
+                "--kubeconfig",
+                str(state / "admin.kubeconfig"),
+                "-n",
+                "warren-system",
+                "exec",
+                back,
+            ),
+            *("-c", "blockd", "--", BLOCKD, "--socket=/run/warren/blockd.sock", "restore", workspace),
+            "/var/lib/warren/blockd/stale-writer",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert stale.returncode != 0, stale.stdout
+    assert "held" in stale.stderr and f"attached on node {holder}" in stale.stderr, stale.stderr
+
+
+def wait_moved(state: Path, workspace: str, node: str) -> None:
+    """Until the workspace's pod runs on `node`."""
+    deadline = time.monotonic() + 600
+    while not (pods := pods_of(state, workspace)) or pods[0]["spec"].get("nodeName") != node:  # type: ignore[index,union-attr]
+        assert time.monotonic() < deadline, f"the sandbox's pod was not replaced on {node}: {pods}"
+        time.sleep(3)
+
+
+def test_a_sandbox_whose_node_is_lost_comes_back_on_another_node_and_the_old_writer_is_fenced(
+    env: dict[str, str], state: Path, first_node: str
+) -> None:
+    """Two Ready nodes with sandboxes on both. The joined node runs a sandbox that writes and
+    gets a `replicated` receipt, then writes more; the node's kubelet and warren-blockd are
+    killed. The node goes NotReady; after services.node_lost_seconds the controller deletes
+    the pod and makes a new one, which lands on the first node and takes the workspace over
+    from object storage: every byte the receipt covered is back, the Sandbox says it was
+    moved, and the API's proof still names the receipt. Then the lost node comes back: its
+    warren-blockd cannot attach the workspace (the first node holds it)."""
+    from warren.node.images import busybox_image
+
+    config = load_config(Path(env["WARREN_TEST_CONFIG"]))
+    joined = [n.name for n in config.cluster.joined_nodes]
+    if not joined:
+        pytest.fail("the node-loss test needs a second node: cluster.joined_nodes in warren-test.yaml")
+    lost_node = joined[0]
+    assert ready_nodes(state) == {first_node: True, **dict.fromkeys(joined, True)}
+    argv = (*SMALL, busybox_image(), "--", "sleep", "86400")
+    here = created_on(env, state, first_node, joined, *argv)
+    box = created_on(env, state, lost_node, [first_node, *joined[1:]], *argv)
+    wide = kubectl(state, "get", "pods", "-A", "-l", "warren.dev/sandbox=true", "-o", "wide")
+    assert first_node in wide and lost_node in wide, wide
+    lost = False
+    try:
+        workspace = json.loads(ok(sandbox(env, "--json", "get", box)))["workspace_id"]
+        proven = secrets.token_bytes(3 << 20)
+        ok(sandbox(env, "write-file", box, "/workspace/proven.bin", stdin=proven))
+        ok(sandbox(env, "exec", box, "--", "sync"))
+        in_blockd = [
+            "-n",
+            "warren-system",
+            "exec",
+            blockd_pod(state, lost_node),
+            "-c",
+            "blockd",
+            "--",
+            BLOCKD,
+        ]
+        receipt = json.loads(
+            kubectl(
+                state,
+                *in_blockd,
+                "--socket=/run/warren/blockd.sock",
+                "flush",
+                workspace,
+                "--wait-replicated",
+                "120",
+            )
+        )
+        assert receipt["level"] == "replicated", receipt
+        before = json.loads(ok(sandbox(env, "workspace", box)))
+        assert before["replicated_sequence"] >= receipt["seq"], (before, receipt)
+        ok(sandbox(env, "write-file", box, "/workspace/in-flight.bin", stdin=secrets.token_bytes(1 << 20)))
+
+        # -- the loss ------------------------------------------------------------------
+        lost = True
+        kill_joined_node(state, lost_node)
+        wait_moved(state, workspace, first_node)
+        assert not ready_nodes(state)[lost_node]
+        seen = wait_running(env, box)
+        assert read(env, box, "/workspace/proven.bin") == proven
+        (moved,) = [c for c in seen["conditions"] if c["type"] == "NodeLost"]  # type: ignore[attr-defined]
+        assert moved["reason"] == "Rescheduled" and lost_node not in json.dumps(seen), seen
+        after = json.loads(ok(sandbox(env, "workspace", box)))
+        assert after["replicated_sequence"] >= before["replicated_sequence"], (before, after)
+        ok(sandbox(env, "write-file", box, "/workspace/after.txt", stdin=b"after the loss\n"))
+        assert read(env, box, "/workspace/after.txt") == b"after the loss\n"
+        ok(sandbox(env, "exec", here, "--", "true"))  # the first node's sandbox never stopped
+
+        # -- the lost node comes back: its writer cannot take the workspace back ------------
+        warren_up(env)
+        lost = False
+        assert_stale_writer_refused(state, lost_node, workspace, first_node)
+        assert read(env, box, "/workspace/proven.bin") == proven
+    finally:
+        if lost:  # failed half-way: bring the node back, or every later test fails on it
+            warren_up(env)
+        for sandbox_id in (box, here):
+            sandbox(env, "delete", "--no-wait", sandbox_id)

@@ -1,10 +1,12 @@
 """Faults, tried for real: a daemon killed mid-replication, corrupt chunks in object storage,
-two daemons on one lane, and object storage taken away and given back."""
+two daemons on one lane, a node cut off while another takes its workspace over, and object
+storage taken away and given back."""
 
 from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -223,6 +225,56 @@ def test_two_daemons_on_one_lane_one_wins_the_other_stops_as_split_brain(
     with pytest.raises(ApiError) as still:
         nodes[loser].client.action("ws", "flush", wait_replicated=5)
     assert still.value.code == "split_brain"
+
+
+def test_a_second_node_waits_for_the_first_to_lapse_then_fences_off_its_stale_writer(
+    blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str, tmp_path: Path
+) -> None:
+    """One writer per workspace across nodes: node b's attach is refused while node a holds
+    the workspace (a renews its hold); a is cut off (frozen), its hold lapses and b takes
+    over with every replicated byte; when a comes back and writes, it cannot publish, and
+    storage has b's writes and none of a's later ones."""
+    store, hold = f"s3://{bucket}", ("--hold-seconds", "3")
+    a = blockd_factory(store, seaweedfs, "--node-id", "node-a", *hold, name="a")
+    b = blockd_factory(store, seaweedfs, "--node-id", "node-b", *hold, name="b")
+    a.client.create("ws", 128 * MIB)
+    a.client.action("ws", "mount", target=str(tmp_path / "a-mnt"))
+    proven = os.urandom(MIB)
+    (tmp_path / "a-mnt" / "proven").write_bytes(proven)
+    assert a.client.action("ws", "flush", wait_replicated=60)["level"] == "replicated"
+    for _ in range(3):  # longer than the hold: a renews it
+        with pytest.raises(ApiError) as held:
+            b.client.action("ws", "mount", target=str(tmp_path / "b-mnt"))
+        assert held.value.code == "held" and "attached on node node-a" in str(held.value), held.value
+        time.sleep(1.5)
+
+    os.kill(a.proc.pid, signal.SIGSTOP)  # cut off: a renews nothing, publishes nothing
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                b.client.action("ws", "mount", target=str(tmp_path / "b-mnt"))
+                break
+            except ApiError as exc:
+                assert exc.code == "held" and time.monotonic() < deadline, exc
+                time.sleep(0.5)
+        assert (tmp_path / "b-mnt" / "proven").read_bytes() == proven
+        (tmp_path / "b-mnt" / "from-b").write_bytes(b"b's\n")
+        assert b.client.action("ws", "flush", wait_replicated=60)["level"] == "replicated"
+    finally:
+        os.kill(a.proc.pid, signal.SIGCONT)
+    assert "took over" in b.log()
+
+    # a's writer comes back and writes on: none of it is ever published.
+    (tmp_path / "a-mnt" / "stale").write_bytes(os.urandom(MIB))
+    with pytest.raises(ApiError) as fenced:
+        a.client.action("ws", "flush", wait_replicated=30)
+    assert fenced.value.code == "split_brain", fenced.value
+    b.client.action("ws", "unmount", wait_replicated=60)
+    b.client.action("ws", "mount", target=str(tmp_path / "b-again"))
+    assert (tmp_path / "b-again" / "from-b").read_bytes() == b"b's\n"
+    assert (tmp_path / "b-again" / "proven").read_bytes() == proven
+    assert not (tmp_path / "b-again" / "stale").exists()
 
 
 def test_storage_outage_writes_go_on_to_the_bound_then_wait_then_resume(

@@ -5,8 +5,10 @@ cluster tests (test_controller_cluster.py) run the same against a real cluster."
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,7 +23,7 @@ from warren_control.controller import (
     status_for,
 )
 from warren_control.kube import ApiException, Kube, Obj
-from warren_control.podspec import pod_for, pod_name
+from warren_control.podspec import blockd_volume, pod_for, pod_name
 
 NS = "warren-sandboxes"
 
@@ -47,6 +49,7 @@ class FakeKube(Kube):
         self.pod_patches = 0
         self.spec_patches = 0
         self.json_patches = 0
+        self.forced: list[str] = []  # pods deleted without their kubelet's word
         self.pool_status: dict[str, Obj] = {}
         self._uids = 0
         self._versions = 0
@@ -127,8 +130,16 @@ class FakeKube(Kube):
         return copy.deepcopy(pod)
 
     def delete_pod(
-        self, namespace: str, name: str, *, uid: str | None = None, resource_version: str | None = None
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        force: bool = False,
     ) -> bool:
+        if force:
+            self.forced.append(name)
         pod = self.pods.get(name)
         if pod is None or (uid and pod["metadata"]["uid"] != uid):
             return False
@@ -582,11 +593,34 @@ def deleting(kube: FakeKube, name: str) -> Obj:
     return copy.deepcopy(kube.sandboxes[name])
 
 
-def test_the_watches_cover_sandboxes_pools_and_only_the_pods_made_here(kube: FakeKube) -> None:
-    sandboxes, pods, pools = Watches(Reconciler(kube), [NS]).informers
+def test_the_watches_cover_sandboxes_pools_nodes_and_only_the_pods_made_here(kube: FakeKube) -> None:
+    sandboxes, pods, pools, nodes = Watches(Reconciler(kube), [NS]).informers
     assert sandboxes.path == f"/apis/warren.dev/v1alpha1/namespaces/{NS}/sandboxes"
     assert pods.query == {"labelSelector": "app.kubernetes.io/managed-by=warren-control"}
     assert pools.path == f"/apis/warren.dev/v1alpha1/namespaces/{NS}/sandboxpools"
+    assert nodes.path == "/api/v1/nodes"
+
+
+def test_a_node_that_stops_being_ready_brings_a_pass_of_each_sandbox_with_a_pod_there(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    watches = Watches(reconciler, [NS])
+    queued: list[str] = []
+    watches._queue = lambda _event, pod: queued.append(pod["metadata"]["name"])  # type: ignore[method-assign]
+    for name in ("a", "b"):
+        kube.add_sandbox(name)
+    remember_all(reconciler, kube)
+    for name in ("a", "b"):
+        reconciler.reconcile(NS, name)
+    on_a, on_b = sorted(kube.pods.values(), key=lambda p: p["metadata"]["name"])
+    on_a["spec"]["nodeName"], on_b["spec"]["nodeName"] = "node-a", "node-b"
+    remember_all(reconciler, kube)
+    watches._replace_nodes("", [node("node-a", True, 600), node("node-b", True, 600)])
+    assert queued == []
+    watches._node_event("MODIFIED", node("node-a", True, 600))  # a heartbeat: nothing changed
+    assert queued == []
+    watches._node_event("MODIFIED", node("node-a", False, 0))
+    assert queued == [on_a["metadata"]["name"]]
 
 
 def test_a_sandbox_event_is_a_pass_with_no_write_for_the_finalizer(
@@ -860,3 +894,74 @@ def test_a_sandbox_that_had_a_status_is_not_quiet_when_its_pod_is_made_again(kub
     kube.update_spec("a", stopped=False)
     reconciler.reconcile(NS, "a")
     assert kube.status("a")["phase"] == "Pending"  # not left saying Stopped while it starts
+
+
+# --- nodes lost ------------------------------------------------------------------------------
+
+
+def node(name: str, ready: bool, since_seconds: float) -> Obj:
+    """A Node whose Ready condition took its value `since_seconds` ago."""
+    stamp = (datetime.now(UTC) - timedelta(seconds=since_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    condition = {"type": "Ready", "status": "True" if ready else "Unknown", "lastTransitionTime": stamp}
+    return {"metadata": {"name": name, "uid": f"uid-{name}"}, "status": {"conditions": [condition]}}
+
+
+def test_a_sandbox_whose_node_is_lost_gets_a_new_pod_once_the_node_was_not_ready_long_enough(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    later: list[tuple[str, float]] = []
+    reconciler.request_pass_later = lambda pod, delay: later.append((pod["metadata"]["name"], delay))
+    sbx = kube.add_sandbox("a")
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    first = kube.pods[pod_name(sbx["metadata"]["uid"])]
+    first["spec"]["nodeName"] = "node-a"
+    run(first)
+    remember_all(reconciler, kube)
+
+    # The nodes' watch has listed nothing yet: a node it does not know is not lost.
+    assert reconciler.reconcile(NS, "a").phase == "Running" and kube.forced == []
+    reconciler.nodes.replace("", [node("node-a", True, 600), node("node-b", True, 600)])
+    assert reconciler.reconcile(NS, "a").phase == "Running" and kube.forced == []
+    # Not Ready, but not for long: a pass is asked for when the grace ends.
+    reconciler.nodes.replace("", [node("node-a", False, 20), node("node-b", True, 600)])
+    later.clear()
+    assert reconciler.reconcile(NS, "a").phase == "Running" and kube.forced == []
+    assert [(name, round(delay)) for name, delay in later] in (
+        [(first["metadata"]["name"], 41)],
+        [(first["metadata"]["name"], 40)],
+    ), later
+
+    reconciler.nodes.replace("", [node("node-a", False, 61), node("node-b", True, 600)])
+    reconciler.reconcile(NS, "a")
+    assert kube.forced == [first["metadata"]["name"]]  # at once: that kubelet will not confirm
+    kube.finish_deletions()
+    remember_all(reconciler, kube)
+    creates = kube.creates
+    reconciler.reconcile(NS, "a")
+    assert kube.creates == creates + 1
+    second = kube.pods[pod_name(sbx["metadata"]["uid"])]
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    assert "affinity" not in second["spec"]  # wherever the scheduler finds room: never node-a, NotReady
+    (moved,) = [c for c in kube.status("a")["conditions"] if c["type"] == "NodeLost"]
+    assert moved["reason"] == "Rescheduled" and "node-a" not in json.dumps(kube.status("a")), moved
+    assert "restored there with every write object storage had proven" in moved["message"]
+
+
+def test_a_forks_child_is_not_sent_to_its_sources_node_once_that_node_is_not_ready(
+    kube: FakeKube, reconciler: Reconciler
+) -> None:
+    reconciler = Reconciler(kube, dataclasses.replace(LOUD, workspace=blockd_volume))
+    kube.add_sandbox("parent", workspace={"id": "ws-parent", "size": "1Gi"})
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "parent")
+    (parent,) = kube.pods.values()
+    parent["spec"]["nodeName"] = "node-a"
+    remember_all(reconciler, kube)
+    reconciler.nodes.replace("", [node("node-a", True, 600)])
+    assert (
+        reconciler._parent_node(kube.add_sandbox("child", workspace={"id": "ws-c", "forkOf": "ws-parent"}))
+        == "node-a"
+    )
+    reconciler.nodes.replace("", [node("node-a", False, 5)])
+    assert reconciler._parent_node(kube.sandboxes["child"]) is None

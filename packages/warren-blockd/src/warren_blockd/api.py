@@ -45,6 +45,7 @@ ERRORS = {
     "exists": (409, "choose another id, or use the workspace that exists"),
     "busy": (409, "retry once the operation under way on this workspace is done"),
     "split_brain": (409, "another node wrote this workspace: stop the other writer, then fork from it"),
+    "held": (409, "delete the pod that uses the workspace on the node named, or wait until its hold lapses"),
     "released": (410, "the workspace was released for good: create or fork another"),
     "not_replicated": (503, "object storage may be unreachable: check the daemon's store, then retry"),
     "storage": (503, "object storage did not answer: check the daemon's store and try again"),

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from dataclasses import asdict
@@ -61,6 +62,8 @@ def serve(args: argparse.Namespace) -> int:
         batch_bytes=args.batch_bytes,
         flush_interval=args.flush_interval,
         consolidate_records=args.consolidate_records,
+        node=args.node_id or socket.gethostname(),
+        hold=args.hold_seconds,
     )
     daemon = Daemon(open_store(args.store, args.s3_endpoint), Path(args.state_dir), settings)
     stop = threading.Event()
@@ -425,6 +428,18 @@ def _store_commands(sub: Any) -> None:
 
 
 def _serve_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--node-id",
+        help="this node's name, as the cluster knows it: the holder of what it attaches (default: the host "
+        "name)",
+    )
+    s.add_argument(
+        "--hold-seconds",
+        type=float,
+        default=30.0,
+        help="how long this node's hold on an attached workspace lasts unrenewed: another node takes it over "
+        "only after that",
+    )
     s.add_argument("--metrics-port", type=int, default=0, help="also serve /metrics on this TCP port")
     s.add_argument("--metrics-addr", default="127.0.0.1")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

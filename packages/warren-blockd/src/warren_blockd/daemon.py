@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warren_blockd import fuse_session, loopdev, metrics
+from warren_blockd import fuse_session, holder, loopdev, metrics
 from warren_blockd.blobs.policy import PolicyStore
 from warren_blockd.cache import ChunkCache
 from warren_blockd.chunker import chunk_image
@@ -45,7 +46,7 @@ from warren_blockd.fusefs import DeviceFS
 from warren_blockd.ids import WORKSPACE_ID_RULE, valid_workspace_id
 from warren_blockd.manifest import BLOCK_SIZE, Manifest
 from warren_blockd.replicator import Receipt, Replicator
-from warren_blockd.workspace import Workspace, WorkspaceExistsError
+from warren_blockd.workspace import SplitBrainError, Workspace, WorkspaceExistsError
 
 log = logging.getLogger("warren_blockd.daemon")
 MOUNT_OPTIONS = "nosuid,nodev,noinit_itable"  # holes read as zeros: no need to zero inode tables
@@ -92,6 +93,8 @@ class Attached:
     target: str | None = None
     consolidated_seq: int = 0
     consolidated_at: float = field(default_factory=time.monotonic)
+    fence: int = 0  # the log record that fenced this node's takeover (holder.py)
+    renewed_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,11 @@ class Settings:
     # instead, until they all joined or this long: a claim's binds of a fork into eight
     # reach the node over some hundreds of milliseconds, and each freeze costs as much.
     fork_gather_max: float = 0.5
+    # This node's name, as the cluster knows it: the holder of what it attaches (holder.py).
+    node: str = field(default_factory=socket.gethostname)
+    # How long a node's hold on an attached workspace lasts unrenewed (renewed every third of
+    # it): another node takes the workspace over only after that, once this node is gone.
+    hold: float = 30.0
 
 
 class Gate:
@@ -315,6 +323,7 @@ class Daemon:
                     att.device.flush()
                 metrics.BACKLOG_BYTES.labels(workspace_id).set(att.replicator.backlog_bytes)
                 metrics.REPLICATED_SEQ.labels(workspace_id).set(att.replicator.replicated_seq)
+                self._renew(workspace_id, att)
                 self._maybe_consolidate(workspace_id, att)
             except Exception as exc:  # one workspace's trouble must not stop the others' flushes
                 log.error(
@@ -483,6 +492,9 @@ class Daemon:
                         "busy", f"{workspace_id}: earlier writes are still replicating; try again later"
                     )
             manifest = ws.effective()  # newest consolidated manifest + log tail: no bytes read
+            fence = self._take(ws)  # after the read: a released or missing id is refused first
+            if fence > manifest.log_seq:  # a takeover's fence: read up to it again
+                manifest = ws.effective()
             wdir = self._dir(workspace_id)
             wdir.mkdir(parents=True, exist_ok=True)
             replicator = Replicator(
@@ -491,7 +503,9 @@ class Daemon:
             device = Device(manifest, self.cache, replicator, wdir / "dirty.img", self.settings.batch_bytes)
             with self._lock:
                 replicator.start()
-                att = Attached(ws, device, replicator, manifest.log_seq, consolidated_seq=manifest.log_seq)
+                att = Attached(
+                    ws, device, replicator, manifest.log_seq, consolidated_seq=manifest.log_seq, fence=fence
+                )
                 self.attached[workspace_id] = att
                 self.fs.attach(workspace_id, device)
         log.info(
@@ -505,6 +519,42 @@ class Daemon:
             },
         )
         return att
+
+    def _take(self, ws: Workspace) -> int:
+        """Hold the workspace for this node before serving it (holder.py): refused while
+        another node holds it; taken over once that hold lapsed, fenced with a log record.
+        This node's unpublished writes from before a takeover (its spool) are superseded:
+        moved aside, never published."""
+        try:
+            fence, previous = holder.take(ws, self.settings.node, self.settings.hold, time.time())
+        except holder.HeldError as exc:
+            raise BlockdError("held", str(exc)) from None
+        if previous is not None:
+            spool = self._dir(ws.workspace_id) / "spool"
+            if any(spool.glob("*.batch")):
+                aside = spool.with_name(f"superseded-{fence}")
+                spool.rename(aside)
+                log.warning(
+                    "superseded writes kept aside",
+                    extra={"fields": {"workspace": ws.workspace_id, "path": str(aside), "fence": fence}},
+                )
+            log.info(
+                "took over",
+                extra={"fields": {"workspace": ws.workspace_id, "from": previous.node, "fence": fence}},
+            )
+        return fence
+
+    def _renew(self, workspace_id: str, att: Attached) -> None:
+        """Renew this node's hold every third of it; a takeover since stops the lane."""
+        if time.monotonic() - att.renewed_at < self.settings.hold / 3 or att.replicator.error:
+            return
+        try:
+            holder.renew(att.workspace, self.settings.node, att.fence, time.time())
+        except holder.TakenOverError as exc:
+            att.replicator.stop(SplitBrainError(str(exc)))
+            log.error("taken over", extra={"fields": {"workspace": workspace_id, "error": str(exc)}})
+            return
+        att.renewed_at = time.monotonic()
 
     def _attach_loop(self, workspace_id: str, att: Attached) -> str:
         """A loop device on the workspace's FUSE file, with direct I/O (every write reaches
@@ -606,6 +656,12 @@ class Daemon:
                     "consolidation at detach failed",
                     extra={"fields": {"workspace": workspace_id, "error": str(exc)}},
                 )
+        if drained and not att.replicator.error:
+            try:  # every write is in storage: another node may attach it at once
+                holder.let_go(att.workspace, self.settings.node)
+            except Exception as exc:  # its hold lapses by itself
+                fields = {"workspace": workspace_id, "error": str(exc)}
+                log.warning("letting go of the hold failed", extra={"fields": fields})
         if drained and not any((self._dir(workspace_id) / "spool").glob("*.batch")):
             shutil.rmtree(self._dir(workspace_id), ignore_errors=True)  # all of it is in storage
         log.info(
@@ -802,6 +858,7 @@ class Daemon:
                     "consolidated_seq": att.consolidated_seq,
                     "next_seq": att.replicator.replicated_seq + 1,
                     "next_spool_seq": att.replicator.next_spool_seq,
+                    "fence": att.fence,
                 }
             )
         draining = [
@@ -873,6 +930,7 @@ class Daemon:
                 loop=item["loop"],
                 target=item["target"],
                 consolidated_seq=int(item["consolidated_seq"]),
+                fence=int(item.get("fence", 0)),  # from a version without holds: none
             )
             self.fs.attach(workspace_id, device)
         for item in doc["draining"]:

@@ -71,6 +71,14 @@ class Replicator:
         """Start uploading (a caller that must read the spool first creates us with start=False)."""
         self._thread.start()
 
+    def stop(self, error: SplitBrainError) -> None:
+        """Publish nothing more (another node took the workspace over): what is sealed stays
+        in the spool, and flushes answer `error`."""
+        with self._cond:
+            self.lane.stopped = str(error)
+            self.error = error
+            self._cond.notify_all()
+
     def pause(self, timeout: float) -> bool:
         """Stop uploading between two records and wait for the uploader to end (a handoff:
         two uploaders on one lane would be split brain). The spool and the queue stay as

@@ -260,6 +260,7 @@ def _run_controller(args: argparse.Namespace) -> None:
         release_workspace=store.release if store is not None else None,
         workspace_seq=(lambda w: store.proof(w).replicated_sequence) if store is not None else None,
         bind=_bind_options(args.blockd_bind_token_file),
+        node_lost_seconds=args.node_lost_seconds,
     )
     controller.run(args.watch_namespace or [args.sandbox_namespace], args.kubeconfig, options=options)
 

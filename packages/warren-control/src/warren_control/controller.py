@@ -136,6 +136,11 @@ class ControllerOptions:
     # The newest write record of a workspace proven in storage (the workspace store's
     # proof): the generation a memory image is valid over, read once its pod is gone.
     workspace_seq: Callable[[str], int] | None = None
+    # A sandbox whose node has not been Ready for this long (its kubelet stopped answering)
+    # gets a new pod on another node: the old one is deleted without waiting for that
+    # kubelet, which will not confirm. Longer than warren-blockd's hold of a workspace, so
+    # the new node can take the workspace over as soon as the pod lands there.
+    node_lost_seconds: float = 60.0
     # How to reach the nodes' bind API, for pools whose pods take their workspace at the
     # claim (bindAtClaim), and for memory capture and resume. None: neither is done.
     bind: BindOptions | None = None
@@ -153,6 +158,8 @@ class Observation:
     # pass that made or claimed that pod, how it started (the POOL_CONDITION condition).
     pod: str | None = None
     start: Obj | None = None
+    # From the pass that replaced a pod its node lost: the NODE_LOST_CONDITION condition.
+    moved: Obj | None = None
 
 
 # Why a pod is Pending while it starts as it should (observe's reasons): a new Sandbox's
@@ -177,6 +184,9 @@ POOL_CREATE_GRACE_SECONDS = 60.0
 # How a Sandbox's pod started, as a condition, so the API shows it with the others: True,
 # a pool's ready pod was claimed; False, the pod was started cold, and the reason says why.
 POOL_CONDITION = "PoolClaimed"
+# Set on a Sandbox whose pod was replaced because its node was lost: when, and what its
+# workspace came back with.
+NODE_LOST_CONDITION = "NodeLost"
 
 
 def _cold(reason: str, message: str) -> Obj:
@@ -364,9 +374,10 @@ def status_for(sandbox: Mapping[str, Any], seen: Observation, now: str | None = 
     are carried over (a merge patch replaces the whole list)."""
     generation = (sandbox.get("metadata") or {}).get("generation")
     conditions = list((sandbox.get("status") or {}).get("conditions") or [])
-    if seen.start is not None:
-        started = {**seen.start, "lastTransitionTime": now or _now()}
-        conditions = [c for c in conditions if c.get("type") != started["type"]] + [started]
+    for given in (seen.start, seen.moved):
+        if given is not None:
+            stamped = {**given, "lastTransitionTime": now or _now()}
+            conditions = [c for c in conditions if c.get("type") != stamped["type"]] + [stamped]
     value = "True" if seen.ready else "False"
     before = next((c for c in conditions if c.get("type") == READY), None)
     transition = now or _now()
@@ -414,6 +425,10 @@ class Reconciler:
         self.sandboxes = Store()
         self.pods = Store(index=SANDBOX_UID_LABEL)
         self.pools = Store()
+        self.nodes = Store()  # cluster-scoped: namespace ""
+        # Sandbox uid -> the NODE_LOST_CONDITION its next status carries, once its pod was
+        # replaced for a lost node.
+        self._moved: dict[str, Obj] = {}
         # Asks for a pass of a pool (namespace, name); PodEvents queues it.
         self.request_pool_pass: Callable[[str, str], object] = lambda _namespace, _name: None
         self._guard = threading.Lock()
@@ -576,8 +591,8 @@ class Reconciler:
             # A restore that never ran (its image would not restore): the caller chose a cold
             # start instead, which the next pass makes once this pod is gone.
             pod = self._delete(pod)
-        if pod is not None and not _terminating(pod):
-            pod = self._keep_or_replace(sandbox, pod)
+        if pod is not None:
+            pod = self._kept(sandbox, pod)
         start: Obj | None = None
         if pod is None:
             sandbox, restored = self._start_from_memory(sandbox)
@@ -595,9 +610,60 @@ class Reconciler:
             pod = created
         with self._guard:
             answers = pod["metadata"]["uid"] in self._agent_answers
+            moved = self._moved.pop(uid, None)
         seen = observe(sandbox, pod, agent_answers=answers)
         self._memory_used(sandbox, pod, seen)
-        return sandbox, dataclasses.replace(seen, pod=pod["metadata"]["name"], start=start)
+        return sandbox, dataclasses.replace(seen, pod=pod["metadata"]["name"], start=start, moved=moved)
+
+    def _kept(self, sandbox: Obj, pod: Obj) -> Obj | None:
+        """The Sandbox's pod as this pass leaves it: replaced if its node was lost (even one
+        being deleted: that kubelet will never confirm), else kept or replaced by its spec."""
+        if (lost := self._lost_node(pod)) is not None:
+            return self._replace_lost(sandbox, pod, lost)
+        return pod if _terminating(pod) else self._keep_or_replace(sandbox, pod)
+
+    def _lost_node(self, pod: Obj) -> str | None:
+        """Since when the pod's node has not been Ready, once that is `node_lost_seconds` or
+        more ago; None while it is Ready, not yet that long (a pass is asked for then), or
+        unknown (the nodes' watch has not listed them yet)."""
+        node = _node(pod)
+        if not node or not self.nodes.synced(""):
+            return None
+        found = self.nodes.get("", node)
+        if found is None:
+            return _now()  # the Node object was deleted: the node is gone for good
+        conditions = (found.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == READY), None)
+        if ready is None or ready.get("status") == "True":
+            return None
+        since = str(ready.get("lastTransitionTime") or _now())
+        left = self.options.node_lost_seconds - _since(since)
+        if left > 0:
+            self.request_pass_later(pod, left + 1)
+            return None
+        return since
+
+    def _replace_lost(self, sandbox: Obj, pod: Obj, since: str) -> Obj | None:
+        """Delete the pod of a lost node at once (its kubelet will never confirm a graceful
+        delete), so that a new one is made on another node; its workspace is restored
+        there from object storage, taken over from the lost node (warren-blockd's hold)."""
+        meta = pod["metadata"]
+        log.warning(
+            "node %s of pod %s has not been Ready since %s: replacing the pod on another node",
+            _node(pod),
+            meta["name"],
+            since,
+        )
+        self.kube.delete_pod(meta["namespace"], meta["name"], uid=meta["uid"], force=True)
+        with self._guard:
+            self._moved[str(sandbox["metadata"]["uid"])] = {
+                "type": NODE_LOST_CONDITION,
+                "status": "True",
+                "reason": "Rescheduled",
+                "message": f"its node stopped answering at {since}; a new pod was made on another node, "
+                "and its workspace is restored there with every write object storage had proven",
+            }
+        return _deleting(pod)
 
     def _stop(self, sandbox: Obj, pod: Obj | None) -> Obj | Observation | None:
         """The stopped Sandbox's pod as this pass leaves it: deleted (its memory captured
@@ -1456,9 +1522,20 @@ class Reconciler:
             pods = self.kube.list_pods(namespace, f"{WORKSPACE_LABEL}={source}")
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
-            if node and not _terminating(pod):
+            if node and not _terminating(pod) and self.node_ready(str(node)):
                 return str(node)
         return None
+
+    def node_ready(self, name: str) -> bool:
+        """Whether the node is Ready, as far as the nodes' watch shows (unknown: yes)."""
+        found = self.nodes.get("", name)
+        if found is None:
+            return not self.nodes.synced("")
+        conditions = (found.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == READY and c.get("status") == "True" for c in conditions)
+
+    def pods_on(self, node: str) -> list[Obj]:
+        return [pod for pod in self.pods.all() if _node(pod) == node]
 
     @staticmethod
     def _not_ours(name: str) -> Observation:
@@ -1712,6 +1789,7 @@ class Watches:
             ),
             *(informer(kube.pods_path(ns), self._replace, self._event, ns, ours) for ns in namespaces),
             *(informer(kube.pools_path(ns), self._replace_pools, self._pool_event, ns) for ns in namespaces),
+            informer("/api/v1/nodes", self._replace_nodes, self._node_event, ""),
         ]
 
     # --- Sandboxes
@@ -1791,6 +1869,23 @@ class Watches:
         self.later.put(delay, functools.partial(self.queue_sandbox, namespace, name))
 
     # --- pods and pools
+
+    def _node_event(self, event_type: str, node: Obj) -> None:
+        """A node that turned Ready or not: a pass of every Sandbox with a pod there (one
+        not Ready for long enough is replaced on another node)."""
+        name = str(node["metadata"]["name"])
+        was = self.reconciler.node_ready(name)
+        self.reconciler.nodes.apply(event_type, node)
+        if self.reconciler.node_ready(name) != was or event_type == "DELETED":
+            for pod in self.reconciler.pods_on(name):
+                self._queue("", pod)
+
+    def _replace_nodes(self, namespace: str, nodes: list[Obj]) -> None:
+        self.reconciler.nodes.replace(namespace, nodes)
+        for node in nodes:
+            if not self.reconciler.node_ready(str(node["metadata"]["name"])):
+                for pod in self.reconciler.pods_on(str(node["metadata"]["name"])):
+                    self._queue("", pod)
 
     def _pool_event(self, event_type: str, pool: Obj) -> None:
         self.reconciler.pool_event(event_type, pool)
@@ -1913,6 +2008,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ),
         resync_seconds=args.resync_seconds,
         workers=args.workers,
+        node_lost_seconds=args.node_lost_seconds,
         workspace=blockd_volume if args.workspaces else no_workspace,
     )
     leader.lead_if_asked(args)

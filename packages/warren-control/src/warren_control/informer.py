@@ -172,6 +172,11 @@ class Store:
             if all(((obj["metadata"].get("labels") or {}).get(k)) == v for k, v in labels.items())
         ]
 
+    def all(self) -> list[Obj]:
+        """Every object held, of every namespace."""
+        with self._lock:
+            return list(self._items.values())
+
     def synced(self, namespace: str) -> bool:
         with self._lock:
             return namespace in self._synced

@@ -163,12 +163,21 @@ class Kube:
         return self.request("POST", self.pods_path(namespace), body=body, query=query)
 
     def delete_pod(
-        self, namespace: str, name: str, *, uid: str | None = None, resource_version: str | None = None
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        force: bool = False,
     ) -> bool:
         """Delete a pod (gracefully, by its own grace period); False if it was gone. With
         a uid, only that incarnation is deleted: a newer pod of the same name survives; with
-        a resourceVersion, only if nothing changed it since (a pool pod just claimed stays)."""
+        a resourceVersion, only if nothing changed it since (a pool pod just claimed stays).
+        `force`: at once, without its kubelet's confirmation (a lost node's pod)."""
         options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if force:
+            options["gracePeriodSeconds"] = 0
         preconditions = {"uid": uid, "resourceVersion": resource_version}
         if preconditions := {k: v for k, v in preconditions.items() if v}:
             options["preconditions"] = preconditions

@@ -808,8 +808,8 @@ def controller_uid(pod: Mapping[str, Any]) -> str | None:
 
 
 def add_request_arguments(parser: Any) -> None:
-    """--cpu-request-percent, --memory-request-percent and --agent-image, for every command
-    that runs the controller."""
+    """--cpu-request-percent, --memory-request-percent, --agent-image and
+    --node-lost-seconds, for every command that runs the controller."""
     parser.add_argument(
         "--agent-image",
         help="controller: the agent's image (warren.dev/agent:<version>), delivered into every "
@@ -822,6 +822,13 @@ def add_request_arguments(parser: Any) -> None:
         metavar="IMAGE",
         help="controller: an image built with the agent's layer (the base template's): its "
         "sandboxes start the agent from the image, with no init container (repeatable)",
+    )
+    parser.add_argument(
+        "--node-lost-seconds",
+        type=float,
+        default=60.0,
+        help="controller: a sandbox whose node has not been Ready for this long gets a new pod on another "
+        "node",
     )
     for kind in ("cpu", "memory"):
         parser.add_argument(

@@ -17,6 +17,7 @@ API_STATUS = {
     "exists": grpc.StatusCode.ALREADY_EXISTS,
     "busy": grpc.StatusCode.UNAVAILABLE,  # still replicating earlier writes: kubelet retries
     "split_brain": grpc.StatusCode.FAILED_PRECONDITION,
+    "held": grpc.StatusCode.UNAVAILABLE,  # another node's hold lapses once it is gone: kubelet retries
     "not_replicated": grpc.StatusCode.UNAVAILABLE,
     "storage": grpc.StatusCode.UNAVAILABLE,
 }
