@@ -308,6 +308,39 @@ def test_a_forks_child_on_another_node_starts_from_every_write_its_source_made(
         made.remove(sandbox_id)
 
 
+def listed(env: dict[str, str]) -> set[str]:
+    return {json.loads(line)["id"] for line in ok(sandbox(env, "--json", "list")).splitlines()}
+
+
+def test_a_fork_whose_children_no_node_can_take_ends_with_the_schedulers_reason(
+    env: dict[str, str], state: Path, settings: ClusterConfig, made: list[str]
+) -> None:
+    """A fork's cold children go to their parent's node; with that node cordoned, none can
+    be placed. `warren sandbox fork` ends (exit 1) within its --unschedulable-for, naming
+    each child with the scheduler's own reason, instead of waiting out its timeout."""
+    if not settings.sandbox_workspaces:
+        pytest.skip("forks need workspaces, which this deployment does not have")
+    from warren.node.images import busybox_image
+
+    parent = ok(sandbox(env, "create", *SMALL, busybox_image(), "--", "sleep", "86400")).strip()
+    made.append(parent)
+    before = listed(env)
+    here = node_of_workspace(env, state, json.loads(ok(sandbox(env, "get", parent)))["workspace_id"])
+    kube(env, state, "cordon", here)
+    try:
+        forked = sandbox(env, "--unschedulable-for", "10", "fork", "--count", "2", parent)
+    finally:
+        kube(env, state, "uncordon", here)
+    children = listed(env) - before
+    made.extend(children)
+    err = forked.stderr.decode()
+    assert forked.returncode == 1 and forked.stdout == b"", err
+    failures = [line for line in err.splitlines() if line.startswith("child ")]
+    assert len(failures) == 2 and len(children) == 2, err
+    # cannot_start with the scheduler's words: the command ended before its --timeout.
+    assert all("cannot_start" in line and "nodes are available" in line for line in failures), err
+
+
 def test_a_mount_made_under_a_running_pool_pods_workspace_is_seen_only_by_a_container_started_after_it(
     env: dict[str, str], state: Path, settings: ClusterConfig
 ) -> None:
