@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
+from test_control_plane import SMALL, ok, read, sandbox
+from test_killed_node import created_on
 
+from warren.config import load_config
 from warren.conformance.kube import busybox_pod, exec_in, running_pod, unique
 from warren.kube import api_client
 from warren.node.images import busybox_image
@@ -56,6 +60,25 @@ def bridge_exists(name: str) -> bool:
 def test_bench_runtime_beside_the_deployed_platform_leaves_its_floor(
     env: dict[str, str], state: Path, first_node: str
 ) -> None:
+    """Also a sandbox of the platform's own, with its workspace, on the same node: its
+    network and its workspace serve on throughout."""
+    config = load_config(Path(env["WARREN_TEST_CONFIG"]))
+    joined = [n.name for n in config.cluster.joined_nodes]
+    box = created_on(env, state, first_node, joined, *SMALL, busybox_image(), "--", "sleep", "86400")
+    written = secrets.token_bytes(1 << 20)
+    try:
+        ok(sandbox(env, "write-file", box, "/workspace/before.bin", stdin=written))
+        beside_the_bench(state, first_node)
+        assert read(env, box, "/workspace/before.bin") == written
+        ok(sandbox(env, "write-file", box, "/workspace/after.txt", stdin=b"after the benchmark\n"))
+        assert read(env, box, "/workspace/after.txt") == b"after the benchmark\n"
+    finally:
+        sandbox(env, "delete", "--no-wait", box)
+
+
+def beside_the_bench(state: Path, first_node: str) -> None:
+    """A plain sandbox pod on the node keeps its floor while `make bench-runtime` refuses to
+    start a cluster beside the node, and still answers."""
     kubeconfig = state / "admin.kubeconfig"
     core = client.CoreV1Api(api_client(kubeconfig))
     namespace = "warren-sandboxes"
