@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from warren_common.testing import wait_for
-from warren_control.informer import CoalescingQueue, Later, Store
+from warren_control.informer import CoalescingQueue, Informer, Later, Store
 from warren_control.kube import Obj
 
 
@@ -147,3 +149,42 @@ def test_later_hands_each_item_over_once_its_delay_has_passed_in_due_order() -> 
     thread.join(timeout=5)
     assert handed == ["first", "second"]
     assert not thread.is_alive()
+
+
+class BlockingWatch:
+    """A watch that sends nothing until its response is shut down, as a quiet collection's
+    does until the server's timeout."""
+
+    def __init__(self) -> None:
+        self.ended = threading.Event()
+
+    def shutdown(self) -> None:
+        self.ended.set()
+
+    def list_with_version(self, path: str, query: dict[str, str]) -> tuple[list[Obj], str]:
+        return [], "1"
+
+    def watch(
+        self,
+        path: str,
+        version: str,
+        *,
+        query: dict[str, str],
+        timeout_s: int,
+        opened: Callable[[Any], object],
+    ) -> Iterator[Obj]:
+        opened(self)
+        self.ended.wait()
+        raise OSError("the watch's connection was shut down")
+        yield {}  # a generator, as Kube.watch is
+
+
+def test_a_stop_ends_a_quiet_watch_at_once() -> None:
+    kube = BlockingWatch()
+    informer = Informer(kube, "/api/v1/nodes", on_replace=lambda _items: None, on_event=lambda _t, _o: None)  # type: ignore[arg-type]
+    stop = threading.Event()
+    thread = informer.start(stop, "quiet")
+    assert informer.synced.wait(10)
+    stop.set()
+    thread.join(timeout=30)  # the server would end this watch only after 300 s
+    assert not thread.is_alive() and kube.ended.is_set()

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import urllib3
 
@@ -54,8 +54,10 @@ class Informer:
         self.watch_timeout_s = watch_timeout_s
         self.retry_seconds = retry_seconds
         self.synced = threading.Event()
+        self._open: Any = None  # the watch's response while one is open
 
     def run(self, stop: threading.Event) -> None:
+        threading.Thread(target=self._end_on, args=(stop,), name=f"{self.path}-stop", daemon=True).start()
         while not stop.is_set():
             try:
                 items, version = self.kube.list_with_version(self.path, self.query)
@@ -70,9 +72,23 @@ class Informer:
                 log.warning("watching %s failed, relisting: %s", self.path, exc)
                 stop.wait(self.retry_seconds)
 
+    def _end_on(self, stop: threading.Event) -> None:
+        """Once `stop` is set, end the open watch's wait for its next event: a stop takes
+        effect at once, not when the server next sends something (up to its timeout)."""
+        stop.wait()
+        response = self._open
+        if response is not None:
+            response.shutdown()
+
+    def _opened(self, response: Any) -> None:
+        self._open = response
+
     def _watch(self, version: str, stop: threading.Event) -> str | None:
         """Watch until the server ends it; the version to resume from, None to relist."""
-        for event in self.kube.watch(self.path, version, query=self.query, timeout_s=self.watch_timeout_s):
+        events = self.kube.watch(
+            self.path, version, query=self.query, timeout_s=self.watch_timeout_s, opened=self._opened
+        )
+        for event in events:
             kind = str(event.get("type") or "")
             obj = event.get("object") or {}
             if kind == "ERROR":

@@ -5,7 +5,7 @@ upgrade touches only this file."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -96,11 +96,13 @@ class Kube:
         *,
         query: Mapping[str, str] | None = None,
         timeout_s: int = 300,
+        opened: Callable[[Any], object] = lambda _response: None,
     ) -> Iterator[Obj]:
         """Watch events ({"type", "object"}) of a collection from a resourceVersion, as they
         come, until the server ends the watch (after about timeout_s). Bookmarks are
         included (they carry the version to resume from); an ERROR event (410 Gone: the
-        version is too old) is yielded for the caller to relist."""
+        version is too old) is yielded for the caller to relist. `opened` gets the open
+        response (urllib3's), whose `shutdown()` ends a wait for the next event at once."""
         params = {
             **(query or {}),
             "watch": "1",
@@ -120,6 +122,7 @@ class Kube:
             data: bytes | None = response.read()  # type: ignore[no-untyped-call]
             raise ApiException.from_response(http_resp=response, body=(data or b"").decode(), data=None)
         raw = response.response
+        opened(raw)
         pending = b""
         try:
             for chunk in raw.stream(amt=None, decode_content=True):
