@@ -285,6 +285,51 @@ def test_a_paused_sandbox_resumes_with_its_memory_and_a_bad_image_is_refused(
         )
 
 
+def proved_image(api: client.ApiClient, pod: Any) -> dict[str, Any] | None:
+    """The memory image record once a restore proved it (a restore point)."""
+    record = sealed_image(api, pod)
+    done = record is not None and record.get("verifiedAt") and (record.get("verification") or {}).get("done")
+    return record if done else None
+
+
+def test_a_paused_sandbox_resumes_with_its_memory_on_another_node_when_its_own_takes_no_pods(
+    api: client.ApiClient, platform: Any, counter: tuple[str, str, Any]
+) -> None:
+    """Two nodes: the image is captured on the sandbox's node, which is then cordoned. The
+    start stages the image from object storage on the other node, and the process carries
+    on there with what it held only in memory, over the same workspace."""
+    core = client.CoreV1Api(api)
+    sandbox_id, workspace, pod = counter
+    node = pod.spec.node_name
+    others = [
+        n.metadata.name
+        for n in core.list_node().items
+        if n.metadata.name != node
+        and not n.spec.unschedulable
+        and any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+    ]
+    if not others:
+        pytest.skip("needs a second Ready node (cluster.joined_nodes): there is no other node to resume on")
+    before = state(core, pod)
+    platform.stop(sandbox_id, memory=True)
+    assert platform.wait_until(sandbox_id, "Stopped", timeout=WAIT_S).phase == "Stopped"
+    record = wait_for("the image proved by a restore", lambda: proved_image(api, pod))
+    core.patch_node(node, {"spec": {"unschedulable": True}})
+    try:
+        platform.start(sandbox_id)
+        assert platform.wait_until(sandbox_id, "Running", timeout=WAIT_S).phase == "Running"
+    finally:
+        core.patch_node(node, {"spec": {"unschedulable": False}})
+    (restored,) = core.list_pod_for_all_namespaces(label_selector=f"warren.dev/workspace={workspace}").items
+    assert restored.spec.node_name in others, (restored.spec.node_name, node)
+    assert sandbox_status(api, restored).get("restoredFrom") == record["image"]
+    secret, count = api_state(platform, sandbox_id)
+    assert secret == before[0], "the process restored on the other node has the secret it drew before"
+    assert count >= before[1], "its counter carried on from where it stood"
+    wait_for("the restored counter to count on", lambda: api_state(platform, sandbox_id)[1] > count)
+    assert platform.read_file(sandbox_id, "/workspace/kept") == b"kept\n"
+
+
 # Run in a warren-control pod with its own database settings: the sandbox id is argv[1].
 IDLE_SINCE_A_MINUTE = """
 import os, sys

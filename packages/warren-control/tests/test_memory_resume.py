@@ -133,6 +133,46 @@ def test_a_start_restores_a_new_pod_from_the_image_on_its_node(
     assert status["memoryImage"] is None  # used: the next stop captures anew
 
 
+def node(name: str, ready: bool = True, cordoned: bool = False) -> Obj:
+    condition = {"type": "Ready", "status": "True" if ready else "False"}
+    return {
+        "metadata": {"name": name},
+        "spec": {"unschedulable": cordoned},
+        "status": {"conditions": [condition]},
+    }
+
+
+def test_a_start_restores_on_another_node_once_the_capturing_node_takes_no_pods(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    """node-b (where the image was captured) cordoned: the image is staged on the Ready node
+    with the fewest sandbox pods, and the pod restored there; node-c is not Ready."""
+    kube, reconciler, binder = setup
+    pause(kube, reconciler)
+    reconciler.nodes.replace("", [node("node-a"), node("node-b", cordoned=True), node("node-c", ready=False)])
+    kube.update_spec("a", stopped=False, coldStart=False)
+    reconciler.reconcile(NS, "a")
+    assert binder.named("stage")[-1] == ("node-a", IMAGE, "ws-a", 8)
+    (pod,) = kube.pods.values()
+    (term,) = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchFields"][0]["values"] == ["node-a"]
+
+
+def test_a_start_with_no_node_to_restore_on_waits_and_says_so(
+    setup: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = setup
+    pause(kube, reconciler)
+    reconciler.nodes.replace("", [node("node-a", ready=False), node("node-b", cordoned=True)])
+    kube.update_spec("a", stopped=False, coldStart=False)
+    staged = len(binder.named("stage"))
+    seen = reconciler.reconcile(NS, "a")
+    assert seen is not None and (seen.phase, seen.reason) == ("Pending", "Resuming"), seen
+    assert kube.pods == {} and len(binder.named("stage")) == staged  # never a cold start
+
+
 def test_a_refused_stage_fails_the_start_by_name_and_only_a_cold_start_drops_the_image(
     setup: tuple[FakeKube, Reconciler, FakeBinder],
 ) -> None:

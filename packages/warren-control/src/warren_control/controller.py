@@ -780,8 +780,10 @@ class Reconciler:
         return sandbox, None
 
     def _resume(self, sandbox: Obj) -> Obj | Observation:
-        """A pod restored from the Sandbox's memory image, on the node it was captured on;
-        why not, if the image cannot be restored there (never a cold start in its place)."""
+        """A pod restored from the Sandbox's memory image, on the node it was captured on,
+        or on another if that one takes no pods now (not Ready, or cordoned): the image and
+        the workspace come from object storage. Why not, if the image cannot be restored
+        (never a cold start in its place)."""
         record = _memory_image(sandbox) or {}
         if record.get("error") or _cold_start(sandbox):
             # Nothing was captured, or the caller asked to start afresh: a cold start.
@@ -795,15 +797,37 @@ class Reconciler:
         if unproven is not None:
             return unproven
         record = _memory_image(sandbox) or {}
+        node = self._resume_node(str(record["node"]))
+        if node is None:
+            return Observation("Pending", False, "Resuming", "no node takes pods now: waiting for one")
         try:
             if self.binder is None:
                 raise BindError("this controller cannot reach the nodes' warren-blockd (no bind token)")
             staged = self.binder.stage(
-                str(record["node"]), str(record["image"]), str(record["workspace"]), int(record["sealedSeq"])
+                node, str(record["image"]), str(record["workspace"]), int(record["sealedSeq"])
             )
         except BindError as exc:
             return Observation("Failed", False, "ResumeRefused", str(exc))
-        return self._create(sandbox, restore=(str(record["node"]), str(staged["path"])))
+        return self._create(sandbox, restore=(node, str(staged["path"])))
+
+    def _resume_node(self, captured: str) -> str | None:
+        """The node a resume restores on: the one the image was captured on while it takes
+        pods (its chunk cache may hold the image), else the Ready, uncordoned node with the
+        fewest sandbox pods; None if there is none."""
+        if self._takes_pods(captured) or not self.nodes.synced(""):
+            return captured
+        others = [
+            str(n["metadata"]["name"])
+            for n in self.nodes.all()
+            if self._takes_pods(str(n["metadata"]["name"]))
+        ]
+        return min(others, key=lambda name: (len(self.pods_on(name)), name), default=None)
+
+    def _takes_pods(self, name: str) -> bool:
+        found = self.nodes.get("", name)
+        return (
+            found is not None and self.node_ready(name) and not (found.get("spec") or {}).get("unschedulable")
+        )
 
     def _unproven(self, sandbox: Obj) -> Observation | None:
         """Why the Sandbox cannot resume from its memory image yet (it is still sealed, or
