@@ -18,7 +18,9 @@ file in the gVisor sandbox's own memory, which does not compress) and counts:
 
 `image_mib_per_rss_mib` is the stored image's size over the sandbox's memory in use as
 its own /proc/meminfo reports it at the pause. `resume_over_cold` is the ratio the issue
-bounds. Resume on another node needs a second node: with one, it is null and says why.
+bounds. With a second Ready node, each sample is then paused again and resumed with its node
+cordoned: `resume_other_node` is that start until the restored process answers on the other
+node (the image staged there from object storage). With one node it is null and says why.
 """
 
 from __future__ import annotations
@@ -86,7 +88,44 @@ def in_use_mib(warren: Client, sandbox_id: str) -> float:
     return (fields["MemTotal"] - fields["MemAvailable"]) / 1024
 
 
-def sample(warren: Client, kube: Kube, image: str, hold_mib: int) -> dict[str, float]:
+def node_of(kube: Kube, workspace: str) -> str:
+    pods = kube.request("GET", "/api/v1/pods", query={"labelSelector": f"warren.dev/workspace={workspace}"})
+    (node,) = {
+        pod["spec"].get("nodeName")
+        for pod in pods.get("items") or []
+        if not pod["metadata"].get("deletionTimestamp")
+    }
+    return str(node)
+
+
+def cordon(kube: Kube, node: str, *, on: bool) -> None:
+    body = {"spec": {"unschedulable": on}}
+    kube.request("PATCH", f"/api/v1/nodes/{node}", body=body, content_type="application/merge-patch+json")
+
+
+def resume_elsewhere(warren: Client, kube: Kube, sandbox_id: str, workspace: str) -> float:
+    """Pause again, cordon the sandbox's node, and time the start until the process restored
+    on another node answers (its counter carried on)."""
+    node = node_of(kube, workspace)
+    before = answers(warren, sandbox_id) or 0
+    warren.stop(sandbox_id, memory=True)
+    soon(lambda: memory_image(kube, workspace, proved=True), "the second memory image proved")
+    cordon(kube, node, on=True)
+    try:
+        began = time.perf_counter()
+        warren.start(sandbox_id)
+        count = soon(lambda: answers(warren, sandbox_id), "the sandbox resumed on another node answers")
+        resumed_ms = (time.perf_counter() - began) * 1000
+    finally:
+        cordon(kube, node, on=False)
+    if node_of(kube, workspace) == node or count < before:
+        raise SystemExit(
+            f"bench-pause: not resumed on another node with its memory (counter {count}, was {before})"
+        )
+    return resumed_ms
+
+
+def sample(warren: Client, kube: Kube, image: str, hold_mib: int, elsewhere: bool) -> dict[str, float]:
     began = time.perf_counter()
     created = warren.create(
         image, command=["sh", "-c", HOLD.format(mib=hold_mib, count=COUNT)], memory_mib=256
@@ -112,7 +151,13 @@ def sample(warren: Client, kube: Kube, image: str, hold_mib: int) -> dict[str, f
         resume_ms = (time.perf_counter() - began) * 1000
         if count < before:
             raise SystemExit(f"bench-pause: the resumed counter read {count}, below {before}: not restored")
+        other = (
+            {"resume_other_node_ms": resume_elsewhere(warren, kube, created.id, workspace)}
+            if elsewhere
+            else {}
+        )
         return {
+            **other,
             "cold_ms": cold_ms,
             "pause_ms": pause_ms,
             "sealed_ms": sealed_ms,
@@ -125,17 +170,24 @@ def sample(warren: Client, kube: Kube, image: str, hold_mib: int) -> dict[str, f
         warren.delete(created.id)
 
 
-def nodes(kube: Kube) -> int:
-    return len(kube.request("GET", "/api/v1/nodes").get("items") or [])
+def ready_nodes(kube: Kube) -> int:
+    return sum(
+        1
+        for node in kube.request("GET", "/api/v1/nodes").get("items") or []
+        if not (node.get("spec") or {}).get("unschedulable")
+        and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or []
+        )
+    )
 
 
 def measure(url: str, key: str, kubeconfig: str, samples: int, hold_mib: int) -> dict[str, Any]:
     kube = Kube.connect(kubeconfig)
     image = base_image(kube)
+    count = ready_nodes(kube)
     with Client(url, key, timeout=60.0) as warren:
-        runs = [sample(warren, kube, image, hold_mib) for _ in range(samples)]
+        runs = [sample(warren, kube, image, hold_mib, elsewhere=count > 1) for _ in range(samples)]
     p50 = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
-    count = nodes(kube)
     return {
         "samples": samples,
         "hold_mib": hold_mib,
@@ -149,10 +201,11 @@ def measure(url: str, key: str, kubeconfig: str, samples: int, hold_mib: int) ->
         "image_mib_p50": round(p50["image_mib"], 1),
         "rss_mib_p50": round(p50["rss_mib"], 1),
         "image_mib_per_rss_mib": round(p50["image_mib"] / p50["rss_mib"], 3),
-        "resume_other_node_ms_p50": None,
+        "resume_other_node_ms_p50": round(p50["resume_other_node_ms"], 1) if count > 1 else None,
         "resume_other_node": (
-            f"not measured: this cluster has {count} node(s); a resume restores on the node "
-            "that captured the image"
+            f"the image staged on another of {count} Ready nodes, its own cordoned"
+            if count > 1
+            else f"not measured: this cluster has {count} Ready node(s), and a resume needs another"
         ),
         "runs": [{k: round(v, 1) for k, v in run.items()} for run in runs],
     }
