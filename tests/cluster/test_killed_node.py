@@ -37,9 +37,10 @@ pytestmark = pytest.mark.cluster
 BLOCKD = "/opt/warren/blockd/bin/warren-blockd"  # in the warren-blockd image
 
 
-def blockd_processes() -> list[int]:
-    """warren-blockd's processes on the first node (the daemon and its CSI plugin, in the
-    DaemonSet's pod there): under its /kubepods, not under a joined node's cgroup root."""
+def blockd_processes(cgroup_root: str = "/") -> list[int]:
+    """warren-blockd's processes on one node (the daemon and its CSI plugin, in the
+    DaemonSet's pod there): under that node's cgroup root, the first node's by default (its
+    /kubepods, not a joined node's /warren-N/kubepods)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -49,7 +50,9 @@ def blockd_processes() -> list[int]:
             cgroup = (entry / "cgroup").read_text()
         except OSError:
             continue
-        if "::/kubepods" in cgroup and any(arg.endswith(b"/warren-blockd") for arg in cmdline[:3]):
+        if f"::{cgroup_root}kubepods" in cgroup and any(
+            arg.endswith(b"/warren-blockd") for arg in cmdline[:3]
+        ):
             found.append(int(entry.name))
     return found
 
@@ -288,19 +291,10 @@ def kill_joined_node(state: Path, node: str) -> None:
     Its containerd and the sandboxes it runs stay (a node cut off from the cluster)."""
     record = state / "nodes" / node / "run" / "kubelet.json"
     os.kill(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
-    killed = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            cgroup = (entry / "cgroup").read_text()
-        except OSError:
-            continue
-        if f"::/warren-{node}/" in cgroup and any(arg.endswith(b"/warren-blockd") for arg in cmdline[:3]):
-            os.kill(int(entry.name), signal.SIGKILL)
-            killed.append(entry.name)
+    killed = blockd_processes(f"/warren-{node}/")
     assert killed, f"no warren-blockd process of node {node} was found"
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
 
 
 def assert_stale_writer_refused(state: Path, node: str, workspace: str, holder: str) -> None:
