@@ -164,6 +164,19 @@ def blockd_pod(state: Path, node: str) -> str:
     return found[0]
 
 
+def replicated(state: Path, node: str, workspace: str) -> dict[str, int | str]:
+    """The `replicated` receipt `node`'s warren-blockd gives for everything the workspace
+    has written so far."""
+    flushed = kubectl(
+        state,
+        *("-n", "warren-system", "exec", blockd_pod(state, node), "-c", "blockd", "--", BLOCKD),
+        *("--socket=/run/warren/blockd.sock", "flush", workspace, "--wait-replicated", "120"),
+    )
+    receipt: dict[str, int | str] = json.loads(flushed)
+    assert receipt["level"] == "replicated", receipt
+    return receipt
+
+
 def created_on(env: dict[str, str], state: Path, node: str, others: list[str], *argv: str) -> str:
     """A sandbox created while every other node is cordoned, so its pod lands on `node`."""
     for other in others:
@@ -193,7 +206,6 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
     node = NodeLayout(state / "node")
     blockd_state = Path(host_paths(state)["blockd_state_host_path"])
     supervisor = Supervisor(state)
-    in_blockd = ["-n", "warren-system", "exec", blockd_pod(state, first_node), "-c", "blockd", "--", BLOCKD]
 
     # The node lost is the first one, the node in the host's network: its processes, mounts
     # and disk are the host's to kill and wipe.
@@ -205,17 +217,7 @@ def test_a_sandbox_survives_the_loss_of_its_node(env: dict[str, str], state: Pat
         proven = secrets.token_bytes(3 << 20)  # random: no chunk of it exists anywhere else
         ok(sandbox(env, "write-file", box, "/workspace/proven.bin", stdin=proven))
         ok(sandbox(env, "exec", box, "--", "sync"))
-        flushed = kubectl(
-            state,
-            *in_blockd,
-            "--socket=/run/warren/blockd.sock",
-            "flush",
-            workspace,
-            "--wait-replicated",
-            "120",
-        )
-        receipt = json.loads(flushed)
-        assert receipt["level"] == "replicated", receipt
+        receipt = replicated(state, first_node, workspace)
         before = json.loads(ok(sandbox(env, "workspace", box)))
         assert before["workspace_id"] == workspace
         assert before["replicated_sequence"] >= receipt["seq"], (before, receipt)
@@ -371,28 +373,7 @@ def test_a_sandbox_whose_node_is_lost_comes_back_on_another_node_and_the_old_wri
         proven = secrets.token_bytes(3 << 20)
         ok(sandbox(env, "write-file", box, "/workspace/proven.bin", stdin=proven))
         ok(sandbox(env, "exec", box, "--", "sync"))
-        in_blockd = [
-            "-n",
-            "warren-system",
-            "exec",
-            blockd_pod(state, lost_node),
-            "-c",
-            "blockd",
-            "--",
-            BLOCKD,
-        ]
-        receipt = json.loads(
-            kubectl(
-                state,
-                *in_blockd,
-                "--socket=/run/warren/blockd.sock",
-                "flush",
-                workspace,
-                "--wait-replicated",
-                "120",
-            )
-        )
-        assert receipt["level"] == "replicated", receipt
+        receipt = replicated(state, lost_node, workspace)
         before = json.loads(ok(sandbox(env, "workspace", box)))
         assert before["replicated_sequence"] >= receipt["seq"], (before, receipt)
         ok(sandbox(env, "write-file", box, "/workspace/in-flight.bin", stdin=secrets.token_bytes(1 << 20)))
