@@ -276,7 +276,7 @@ def test_a_forks_child_on_another_node_starts_from_every_write_its_source_made(
     if not settings.sandbox_workspaces:
         pytest.skip("forks need workspaces, which this deployment does not have")
     if not settings.joined_nodes:
-        pytest.skip("needs a second node: cluster.joined_nodes")
+        pytest.fail("the cross-node fork needs a second node: cluster.joined_nodes in warren-test.yaml")
     image = wait_for(lambda: full(env, state), 300, "the base pool to be full")["spec"]["image"]
     parent = json.loads(ok(sandbox(env, "--json", "create", image)))
     made.append(parent["id"])

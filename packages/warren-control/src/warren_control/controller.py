@@ -202,6 +202,12 @@ def _node(pod: Mapping[str, Any]) -> str | None:
     return (pod.get("spec") or {}).get("nodeName")
 
 
+def _ready_condition(node: Mapping[str, Any]) -> Obj | None:
+    """A Node's Ready condition, if it reports one."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == READY), None)
+
+
 def _terminating(obj: Mapping[str, Any]) -> bool:
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
@@ -632,8 +638,7 @@ class Reconciler:
         found = self.nodes.get("", node)
         if found is None:
             return _now()  # the Node object was deleted: the node is gone for good
-        conditions = (found.get("status") or {}).get("conditions") or []
-        ready = next((c for c in conditions if c.get("type") == READY), None)
+        ready = _ready_condition(found)
         if ready is None or ready.get("status") == "True":
             return None
         since = str(ready.get("lastTransitionTime") or _now())
@@ -1555,8 +1560,7 @@ class Reconciler:
         found = self.nodes.get("", name)
         if found is None:
             return not self.nodes.synced("")
-        conditions = (found.get("status") or {}).get("conditions") or []
-        return any(c.get("type") == READY and c.get("status") == "True" for c in conditions)
+        return (_ready_condition(found) or {}).get("status") == "True"
 
     def pods_on(self, node: str) -> list[Obj]:
         return [pod for pod in self.pods.all() if _node(pod) == node]
