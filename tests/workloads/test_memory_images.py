@@ -23,6 +23,8 @@ from conftest import SYSTEM, WAIT_S, wait_for
 from kubernetes import client
 from kubernetes.stream import stream
 
+from warren.conformance.kube import ready_nodes
+
 pytestmark = pytest.mark.workloads
 
 RESTORE_ANNOTATION = "dev.gvisor.internal.restore.image-path"  # warren_blockd.memory
@@ -301,13 +303,7 @@ def test_a_paused_sandbox_resumes_with_its_memory_on_another_node_when_its_own_t
     core = client.CoreV1Api(api)
     sandbox_id, workspace, pod = counter
     node = pod.spec.node_name
-    others = [
-        n.metadata.name
-        for n in core.list_node().items
-        if n.metadata.name != node
-        and not n.spec.unschedulable
-        and any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
-    ]
+    others = [name for name in ready_nodes(core) if name != node]
     if not others:
         pytest.skip("needs a second Ready node (cluster.joined_nodes): there is no other node to resume on")
     before = state(core, pod)

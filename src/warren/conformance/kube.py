@@ -127,6 +127,16 @@ def exec_in(
     return ExecResult(code if code is not None else -1, output)
 
 
+def ready_nodes(core: client.CoreV1Api) -> list[str]:
+    """The names of every Ready node that takes pods (not cordoned), sorted."""
+    return sorted(
+        str(node.metadata.name)
+        for node in core.list_node().items
+        if not node.spec.unschedulable
+        and any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    )
+
+
 def running_pod(core: client.CoreV1Api, namespace: str, body: Obj, timeout: float = 180) -> Obj:
     """Create a pod and wait until it runs; its events are in the failure message if not."""
     name = body["metadata"]["name"]

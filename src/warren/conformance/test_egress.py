@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 
 from warren.config import WarrenConfig
-from warren.conformance.kube import busybox_pod, exec_in, running_pod, unique
+from warren.conformance.kube import busybox_pod, exec_in, ready_nodes, running_pod, unique
 from warren.conformance.testhosts import PORT, ProbeHost
 
 FORBIDDEN = {
@@ -59,12 +59,7 @@ def image(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 def nodes(core: client.CoreV1Api) -> list[str]:
     """Every Ready, schedulable node."""
-    ready = sorted(
-        str(node.metadata.name)
-        for node in core.list_node().items
-        if not node.spec.unschedulable
-        and any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-    )
+    ready = ready_nodes(core)
     assert ready, "no node is Ready"
     return ready
 
