@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from test_controller import LOUD, NS, FakeKube, remember_all, run
+from test_controller import LOUD, NS, FakeKube, api_error, remember_all, run
 from warren_control import agentclient
 from warren_control.binder import BindError
 from warren_control.controller import (
@@ -516,8 +516,10 @@ def with_ephemeral_containers(kube: FakeKube) -> list[tuple[str, Obj]]:
     """The pods/ephemeralcontainers subresource on the in-memory server."""
     added: list[tuple[str, Obj]] = []
 
-    def add(namespace: str, name: str, container: Obj) -> Obj:
+    def add(namespace: str, name: str, container: Obj, resource_version: str | None = None) -> Obj:
         pod = kube.pods[name]
+        if resource_version not in {None, pod["metadata"]["resourceVersion"]}:
+            raise api_error(409, "the object has been modified")
         pod["spec"].setdefault("ephemeralContainers", []).append(copy.deepcopy(container))
         added.append((name, container))
         kube._version(pod)
@@ -599,6 +601,54 @@ def test_a_forks_child_claims_a_pod_binds_its_fork_there_and_then_starts_its_con
     assert binder.calls == [(claimed["metadata"]["uid"], FORK_CHILD)]  # one bind, one container
     assert len(added) == 1
     assert first["metadata"]["name"] in kube.pods
+
+
+def test_a_childs_container_is_added_to_the_chosen_pod_before_its_claim_is_written() -> None:
+    """kubelet acts on a change to a pod it synced less than a relist ago only after that
+    relist: the container goes first (to the version of the pod that was chosen, which
+    takes it), and the claim's labels and owner after, so the claim never holds it back."""
+    kube, reconciler, binder, added = bind_pool()
+    fill(kube, reconciler, "base-forks")
+    writes: list[str] = []
+    add, patch = kube.add_ephemeral_container, kube.patch_pod
+
+    def adding(namespace: str, name: str, container: Obj, resource_version: str | None = None) -> Obj:
+        writes.append(f"container@{resource_version}")
+        return add(namespace, name, container, resource_version)
+
+    def patching(namespace: str, name: str, body: Obj) -> Obj:
+        writes.append("claim" + ("@guarded" if "resourceVersion" in body["metadata"] else ""))
+        return patch(namespace, name, body)
+
+    kube.add_ephemeral_container = adding  # type: ignore[method-assign]
+    kube.patch_pod = patching  # type: ignore[method-assign]
+    chosen = {name: pod["metadata"]["resourceVersion"] for name, pod in kube.pods.items()}
+    sbx = kube.add_sandbox("child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "child")
+    (claimed,) = [p for p in kube.pods.values() if controller_uid(p) == sbx["metadata"]["uid"]]
+    assert writes == [f"container@{chosen[claimed['metadata']['name']]}", "claim"]
+    assert len(binder.calls) == 1 and len(added) == 1
+    assert claimed["metadata"]["labels"][SANDBOX_UID_LABEL] == sbx["metadata"]["uid"]
+    assert started(kube.status("child"))[:2] == ("pool", "Claimed")
+
+
+def test_a_pool_pod_changed_while_its_workspace_was_bound_is_given_up_and_the_child_starts_cold() -> None:
+    kube, reconciler, binder, added = bind_pool()
+    pods = fill(kube, reconciler, "base-forks")
+    remember_all(reconciler, kube)  # the controller chooses from what it has seen
+    for pod in pods:
+        kube._version(kube.pods[pod["metadata"]["name"]])  # kubelet wrote its status since
+    sbx = kube.add_sandbox("child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
+    reconciler.sandboxes.apply("ADDED", sbx)
+    reconciler.reconcile(NS, "child")
+    path, reason, message = started(kube.status("child"))
+    assert (path, reason) == ("cold", "ClaimFailed") and "modified" in message, message
+    assert added == [] and len(binder.calls) == 1
+    # The pod its workspace was bound at goes (it is no pool's any more); the other stays.
+    deleting = [p for p in pods if "deletionTimestamp" in kube.pods[p["metadata"]["name"]]["metadata"]]
+    assert len(deleting) == 1
+    assert pod_name(sbx["metadata"]["uid"]) in kube.pods
 
 
 def test_a_forks_child_claims_beside_its_source_first_and_elsewhere_forks_on_the_sources_node() -> None:
@@ -717,22 +767,21 @@ def test_without_a_bind_token_a_bind_at_claim_pool_is_never_claimed_from() -> No
     assert added == []
 
 
-def test_a_claim_cut_short_before_its_container_is_finished_by_the_next_pass() -> None:
-    """The pass that claimed a bindAtClaim pod ended before the sandbox's container was
-    added (the controller crashed, say): the next pass binds and adds it, once."""
+def test_a_pod_claimed_before_its_container_was_added_is_finished_by_the_next_pass() -> None:
+    """A bindAtClaim pod claimed without the sandbox's container (an older controller wrote
+    the claim first, and stopped before the container): the next pass binds and adds it, once."""
     kube, reconciler, binder, added = bind_pool()
-    fill(kube, reconciler, "base-forks")
-    kube.add_sandbox("child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
-    remember_all(reconciler, kube)
-    real = reconciler._start_in
-    reconciler._start_in = lambda sandbox, pod, pool=None: pod  # type: ignore[method-assign]  # the crash
-    reconciler.reconcile(NS, "child")
-    assert added == [] and binder.calls == []
-    reconciler._start_in = real  # type: ignore[method-assign]
+    (pod, _) = fill(kube, reconciler, "base-forks")
+    sbx = kube.add_sandbox("child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
+    kube.patch_pod(
+        NS, pod["metadata"]["name"], claim_patch(sbx, kube.pods[pod["metadata"]["name"]], "base-forks")
+    )
     remember_all(reconciler, kube)
     reconciler.reconcile(NS, "child")
+    remember_all(reconciler, kube)
     reconciler.reconcile(NS, "child")
     assert len(added) == 1 and len(binder.calls) == 1
+    assert added[0][0] == pod["metadata"]["name"]
 
 
 def test_a_bind_at_claim_pool_refills_once_its_claimed_pods_run() -> None:

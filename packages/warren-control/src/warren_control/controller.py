@@ -1071,36 +1071,40 @@ class Reconciler:
             workspace_id = pod_workspace_id(candidate) if self._workspaces and not bind_at_claim else None
             # The pod's spec hash is the bound Sandbox's, so the passes after keep it.
             owner = with_workspace_id(sandbox, workspace_id) if workspace_id else sandbox
-            patching = time.monotonic()
-            try:
-                claimed = self.kube.patch_pod(namespace, name, claim_patch(owner, candidate, str(pool_name)))
-            except ApiException as exc:
-                with self._guard:
-                    self._taken.discard((namespace, name))  # not ours: the watch shows what became of it
-                # Changed since the watch showed it (claimed elsewhere, deleted): another.
-                if exc.status not in {HTTPStatus.CONFLICT, HTTPStatus.NOT_FOUND}:
-                    raise
-                if attempts >= CLAIM_ATTEMPTS:
-                    break
-                continue
-            patched_ms = round((time.monotonic() - patching) * 1000)
-            self._refill_after_claim(namespace, str(pool_name), later=bind_at_claim)
-            bound = " and bound its workspace there"
             if bind_at_claim:
-                started = self._start_in(sandbox, claimed, pool=(namespace, str(pool_name)))
-                refused = started if isinstance(started, str) else None
-                if isinstance(started, tuple):
-                    claimed, how = started
-                    bound += f"; {how}" if how else ""
+                taken = self._take_and_start(sandbox, candidate, (namespace, str(pool_name)))
+                if isinstance(taken, str):
+                    return sandbox, None, _cold("ClaimFailed", taken)
+                claimed, how, patched_ms = taken
+                bound = " and bound its workspace there" + (f"; {how}" if how else "")
             else:
+                bound = ""
+                patching = time.monotonic()
+                try:
+                    claimed = self.kube.patch_pod(
+                        namespace, name, claim_patch(owner, candidate, str(pool_name))
+                    )
+                except ApiException as exc:
+                    with self._guard:
+                        self._taken.discard((namespace, name))  # not ours: the watch shows what became of it
+                    # Changed since the watch showed it (claimed elsewhere, deleted): another.
+                    if exc.status not in {HTTPStatus.CONFLICT, HTTPStatus.NOT_FOUND}:
+                        raise
+                    if attempts >= CLAIM_ATTEMPTS:
+                        break
+                    continue
+                patched_ms = round((time.monotonic() - patching) * 1000)
+                self._refill_after_claim(namespace, str(pool_name), later=False)
                 refused = self._claim_agent(sandbox, claimed)
                 if refused:
-                    refused = f"the agent of pool {pool_name}'s pod refused: {refused}"
-            if refused:
-                # The pod is the Sandbox's but could not serve it: it goes, and the Sandbox
-                # starts cold.
-                self.kube.delete_pod(namespace, name, uid=claimed["metadata"]["uid"])
-                return sandbox, None, _cold("ClaimFailed", refused)
+                    # The pod is the Sandbox's but could not serve it: it goes, and the
+                    # Sandbox starts cold.
+                    self.kube.delete_pod(namespace, name, uid=claimed["metadata"]["uid"])
+                    return (
+                        sandbox,
+                        None,
+                        _cold("ClaimFailed", f"the agent of pool {pool_name}'s pod refused: {refused}"),
+                    )
             if workspace_id:
                 sandbox = self._bind(sandbox, workspace_id)
             with self._guard:
@@ -1120,10 +1124,40 @@ class Reconciler:
                     "type": POOL_CONDITION,
                     "status": "True",
                     "reason": "Claimed",
-                    "message": f"claimed a ready pod of pool {pool_name}" + (bound if bind_at_claim else ""),
+                    "message": f"claimed a ready pod of pool {pool_name}" + bound,
                 },
             )
         return sandbox, None, _cold("PoolEmpty", f"pool {pool_name} had no ready pod")
+
+    def _take_and_start(
+        self, sandbox: Obj, pod: Obj, pool: tuple[str, str]
+    ) -> tuple[Obj, str | None, int] | str:
+        """Take the bindAtClaim pool pod `pod` for the Sandbox: its workspace bound there, its
+        container added to the version of the pod that was chosen (that write takes the pod:
+        it fails once anything changed it), then the claim's labels and owner. (The pod as
+        claimed, how a fork crossed nodes if it did, ms the claim's patch took), or why the
+        Sandbox starts cold, the pod gone.
+
+        The container goes before the claim: kubelet acts on a change to a pod it synced
+        less than a relist (a second) ago only after that relist, so a claim written first
+        held the container's start back by up to a second."""
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        self._refill_after_claim(*pool, later=True)  # ended when the container starts, or fails
+        started = self._start_in(sandbox, pod, pool, version=str(pod["metadata"]["resourceVersion"]))
+        if isinstance(started, str):
+            # Its workspace may be bound there: the pod is no pool's any more.
+            self.kube.delete_pod(namespace, name, uid=pod["metadata"]["uid"])
+            return started
+        with_container, how = started
+        patching = time.monotonic()
+        try:
+            claimed = self.kube.patch_pod(
+                namespace, name, claim_patch(sandbox, with_container, pool[1], guarded=False)
+            )
+        except ApiException as exc:
+            self.kube.delete_pod(namespace, name, uid=pod["metadata"]["uid"])
+            return f"claiming pool {pool[1]}'s pod {name} failed: {error_message(exc)}"
+        return claimed, how, round((time.monotonic() - patching) * 1000)
 
     def _pool_for(self, sandbox: Obj) -> tuple[Obj | None, Obj]:
         """(the pool the Sandbox may claim from, or None and why it starts cold)."""
@@ -1186,7 +1220,7 @@ class Reconciler:
         return held is not None and time.monotonic() - held[1] < REFILL_AT_THE_LATEST_S
 
     def _start_in(
-        self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None = None
+        self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None = None, version: str | None = None
     ) -> tuple[Obj, str | None] | str:
         """Start the Sandbox in the bindAtClaim pool pod it claimed: its workspace bound at
         the pod's awaiting volume by the node's warren-blockd, then its own container added
@@ -1214,7 +1248,7 @@ class Reconciler:
             adding = time.monotonic()
             container = ephemeral_container_for(sandbox, self.options.pod)
             started = self.kube.add_ephemeral_container(
-                pod["metadata"]["namespace"], pod["metadata"]["name"], container
+                pod["metadata"]["namespace"], pod["metadata"]["name"], container, resource_version=version
             )
         except (BindError, SandboxSpecError) as exc:
             self._one_started(pool)

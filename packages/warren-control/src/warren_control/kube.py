@@ -203,12 +203,18 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
-    def add_ephemeral_container(self, namespace: str, name: str, container: Obj) -> Obj:
-        """Add a container to a running pod (its ephemeralcontainers subresource)."""
+    def add_ephemeral_container(
+        self, namespace: str, name: str, container: Obj, resource_version: str | None = None
+    ) -> Obj:
+        """Add a container to a running pod (its ephemeralcontainers subresource); with
+        `resource_version`, only to that version of the pod (409 once it has changed)."""
+        body: Obj = {"spec": {"ephemeralContainers": [container]}}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         return self.request(
             "PATCH",
             self.pods_path(namespace, name) + "/ephemeralcontainers",
-            body={"spec": {"ephemeralContainers": [container]}},
+            body=body,
             query={"fieldManager": FIELD_MANAGER},
             content_type="application/strategic-merge-patch+json",
         )

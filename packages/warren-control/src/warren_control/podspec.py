@@ -549,15 +549,18 @@ def _amounts(resources: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, 
     }
 
 
-def claim_patch(sandbox: Mapping[str, Any], pod: Mapping[str, Any], pool: str) -> Obj:
+def claim_patch(
+    sandbox: Mapping[str, Any], pod: Mapping[str, Any], pool: str, *, guarded: bool = True
+) -> Obj:
     """The merge patch that hands a ready pool pod to a Sandbox: the Sandbox's labels and
-    owner, the pool's label gone. Applied only to the version of the pod that was chosen
-    (its resourceVersion in the patch), so two claims of one pod cannot both succeed."""
+    owner, the pool's label gone. `guarded`: applied only to the version of the pod that was
+    chosen (its resourceVersion in the patch), so two claims of one pod cannot both succeed;
+    unguarded where an earlier write already took the pod that way."""
     labels: dict[str, str | None] = dict(labels_for(sandbox))
     labels[POOL_LABEL] = None  # a merge patch's null removes it
     return {
         "metadata": {
-            "resourceVersion": pod["metadata"]["resourceVersion"],
+            **({"resourceVersion": pod["metadata"]["resourceVersion"]} if guarded else {}),
             "labels": labels,
             "annotations": {SPEC_HASH_ANNOTATION: spec_hash(sandbox), CLAIMED_FROM_ANNOTATION: pool},
             # A list is replaced whole by a merge patch: the pool's reference goes.
