@@ -633,6 +633,27 @@ def test_a_childs_container_is_added_to_the_chosen_pod_before_its_claim_is_writt
     assert started(kube.status("child"))[:2] == ("pool", "Claimed")
 
 
+def test_a_childs_first_status_is_the_one_that_says_it_runs_and_how_it_started() -> None:
+    """While its container starts as it should, a claimed child's status is left unwritten
+    (as a cold start's is): the first status written says it runs, with how it started."""
+    kube, reconciler, _, _ = bind_pool()
+    reconciler.options = dataclasses.replace(reconciler.options, quiet_start_seconds=60)
+    fill(kube, reconciler, "base-forks")
+    sbx = kube.add_sandbox("child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
+    remember_all(reconciler, kube)
+    seen = reconciler.reconcile(NS, "child")
+    assert seen is not None and (seen.phase, seen.reason) == ("Pending", "ContainerStarting")
+    assert not kube.sandboxes["child"].get("status")
+    (claimed,) = [p for p in kube.pods.values() if controller_uid(p) == sbx["metadata"]["uid"]]
+    reconciler._agent_answers.add(claimed["metadata"]["uid"])  # what the agent's answer records
+    remember_all(reconciler, kube)
+    seen = reconciler.reconcile(NS, "child")
+    assert seen is not None and seen.phase == "Running"
+    status = kube.status("child")
+    assert status["phase"] == "Running"
+    assert started(status)[:2] == ("pool", "Claimed") and "bound its workspace" in started(status)[2]
+
+
 def test_a_pool_pod_changed_while_its_workspace_was_bound_is_given_up_and_the_child_starts_cold() -> None:
     kube, reconciler, binder, added = bind_pool()
     pods = fill(kube, reconciler, "base-forks")

@@ -165,7 +165,14 @@ class Observation:
 # Why a pod is Pending while it starts as it should (observe's reasons): a new Sandbox's
 # status does not report them before ControllerOptions.quiet_start_seconds.
 STARTING = frozenset(
-    {"PodCreating", "PodPending", "ContainerCreating", "PodInitializing", "ContainersNotReady"}
+    {
+        "PodCreating",
+        "PodPending",
+        "ContainerCreating",
+        "PodInitializing",
+        "ContainersNotReady",
+        "ContainerStarting",
+    }
 )
 
 # A memory image is a restore point only once a pod restored from it runs (onto a fork of
@@ -1109,6 +1116,8 @@ class Reconciler:
                 sandbox = self._bind(sandbox, workspace_id)
             with self._guard:
                 self._unseen[uid] = claimed
+            if bind_at_claim:  # its container starts: the next status is most likely Running
+                self._start_quietly(sandbox, claimed)
             log.info(
                 "claimed pod %s of pool %s for %s/%s (the claim's patch took %d ms)",
                 name,
@@ -1563,13 +1572,21 @@ class Reconciler:
             raise
         with self._guard:
             self._unseen[uid] = pod
+        self._start_quietly(sandbox, pod)
+        log.info("created pod %s for %s/%s", body["metadata"]["name"], namespace, sandbox["metadata"]["name"])
+        return pod
+
+    def _start_quietly(self, sandbox: Obj, pod: Obj) -> None:
+        """Leave a new Sandbox's status unwritten while its pod starts as it should (_quiet):
+        the status written next is the one that says it runs, or that it has been starting
+        too long, which the pass asked for here reports."""
+        uid = str(sandbox["metadata"]["uid"])
+        with self._guard:
             quiet = not sandbox.get("status") and uid not in self._written
             if quiet:
                 self._starting[uid] = (time.monotonic(), None)
-        if quiet:  # the pass that reports a start still under way when the quiet ends
+        if quiet:
             self.request_pass_later(pod, self.options.quiet_start_seconds)
-        log.info("created pod %s for %s/%s", body["metadata"]["name"], namespace, sandbox["metadata"]["name"])
-        return pod
 
     def _parent_node(self, sandbox: Obj) -> str | None:
         """Where the workspace a new sandbox forks is mounted now, if anywhere: the child
