@@ -8,9 +8,9 @@
 # The cache lives under WARREN_CACHE (default ~/.cache/warren):
 #   $WARREN_CACHE/go/mod     GOMODCACHE
 #   $WARREN_CACHE/go/build   GOCACHE
-#   $WARREN_CACHE/src        patched copies of modules (gVisor)
+#   $WARREN_CACHE/src        patched copies of modules (gVisor, Kubernetes)
 #   $WARREN_CACHE/bin/<key>  binaries + SHA256SUMS; <key> hashes every go.mod,
-#                            go.sum, this script and the Go version
+#                            go.sum, patch, this script and the Go version
 # A current cache returns at once; a changed pin builds a new key.
 set -euo pipefail
 
@@ -22,7 +22,7 @@ export CGO_ENABLED=0 GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 modules=(kubernetes etcd kwok gvisor coredns cri-tools containerd)
 key=$( { go env GOVERSION; cat "$here"/build-cluster-binaries.sh;
          for m in "${modules[@]}"; do cat "$here/$m/go.mod" "$here/$m/go.sum"; done;
-         cat "$here"/gvisor/patches/*.patch; } \
+         cat "$here"/gvisor/patches/*.patch "$here"/kubernetes/patches/*.patch; } \
        | sha256sum | cut -c1-16)
 out=$cache/bin/$key
 built() { [[ -f $out/SHA256SUMS ]] && (cd "$out" && sha256sum --quiet -c SHA256SUMS); }
@@ -62,23 +62,29 @@ log "kwok $kwok"
 (cd "$here/kwok" && go build -trimpath -o "$tmp/kwok" \
   -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${kwok#v}" sigs.k8s.io/kwok/cmd/kwok)
 
-# runsc and its containerd shim must come from the same gVisor commit. The commit is
-# built with the patches in tools/gvisor/patches (each says why), from a patched copy of
-# the module that a throw-away copy of the wrapper module points at.
+# A module with patches of ours (tools/NAME/patches, each says why) is built from a patched
+# copy of it, which a throw-away copy of the wrapper module points at.
+patched_wrapper() {  # patched_wrapper NAME MODULE VERSION -> the throw-away wrapper's dir
+  local name=$1 module=$2 version=$3 src dir wrapper
+  src=$cache/src/$name-$version-$(cat "$here/$name"/patches/*.patch | sha256sum | cut -c1-12)
+  if [[ ! -f $src/.patched ]]; then
+    rm -rf "$cache/src/$name"-* && mkdir -p "$(dirname "$src")"  # older pins' copies too
+    dir=$(cd "$here/$name" && go mod download "$module" && go list -m -f '{{.Dir}}' "$module")
+    [[ -d $dir ]] || { echo "module $module $version not found after download" >&2; exit 1; }
+    cp -r "$dir" "$src"
+    chmod -R u+w "$src"
+    for p in "$here/$name"/patches/*.patch; do patch -s -d "$src" -p1 < "$p"; done
+    touch "$src/.patched"
+  fi
+  wrapper=$(mktemp -d)
+  cp "$here/$name"/go.mod "$here/$name"/go.sum "$wrapper"/
+  echo "replace $module => $src" >> "$wrapper/go.mod"
+  echo "$wrapper"
+}
+
+# runsc and its containerd shim must come from the same gVisor commit.
 log "gvisor $gvisor (+ $(ls "$here"/gvisor/patches | wc -l) patch(es))"
-gvisor_src=$cache/src/gvisor-$gvisor-$(cat "$here"/gvisor/patches/*.patch | sha256sum | cut -c1-12)
-if [[ ! -f $gvisor_src/.patched ]]; then
-  rm -rf "$cache"/src/gvisor-* && mkdir -p "$(dirname "$gvisor_src")"  # older pins' copies too
-  gvisor_dir=$(cd "$here/gvisor" && go mod download gvisor.dev/gvisor && go list -m -f '{{.Dir}}' gvisor.dev/gvisor)
-  [[ -d $gvisor_dir ]] || { echo "gVisor module $gvisor not found after download" >&2; exit 1; }
-  cp -r "$gvisor_dir" "$gvisor_src"
-  chmod -R u+w "$gvisor_src"
-  for p in "$here"/gvisor/patches/*.patch; do patch -s -d "$gvisor_src" -p1 < "$p"; done
-  touch "$gvisor_src/.patched"
-fi
-gvisor_mod=$(mktemp -d)
-cp "$here"/gvisor/go.mod "$here"/gvisor/go.sum "$gvisor_mod"/
-echo "replace gvisor.dev/gvisor => $gvisor_src" >> "$gvisor_mod/go.mod"
+gvisor_mod=$(patched_wrapper gvisor gvisor.dev/gvisor "$gvisor")
 (cd "$gvisor_mod" && go build -trimpath -o "$tmp/runsc" \
   -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$gvisor" gvisor.dev/gvisor/runsc)
 (cd "$gvisor_mod" && go build -trimpath -o "$tmp/containerd-shim-runsc-v1" \
@@ -101,16 +107,18 @@ log "crictl $critools"
   -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$critools" sigs.k8s.io/cri-tools/cmd/crictl)
 
 # One `go build` for all Kubernetes commands so shared packages compile once.
-log "kubernetes $k8s (the longest part: 6-8 minutes on 2 cores when cold)"
+log "kubernetes $k8s (+ $(ls "$here"/kubernetes/patches | wc -l) patch(es); the longest part: 6-8 minutes on 2 cores when cold)"
 vflags=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   vflags+=" -X $pkg.gitVersion=$k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   vflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
 done
-(cd "$here/kubernetes" && go build -trimpath -o "$tmp/" -ldflags "-s -w$vflags" \
+k8s_mod=$(patched_wrapper kubernetes k8s.io/kubernetes "$k8s")
+(cd "$k8s_mod" && go build -trimpath -o "$tmp/" -ldflags "-s -w$vflags" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
   k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl)
+rm -rf "$k8s_mod"
 
 (cd "$tmp" && sha256sum -- * > ../SHA256SUMS.tmp) && mv "$tmp/../SHA256SUMS.tmp" "$tmp/SHA256SUMS"
 printf 'kubernetes=%s\netcd=%s\nkwok=%s\ngvisor=%s\ncoredns=%s\ncri-tools=%s\ncontainerd=%s\nbuilt=%s\nseconds=%s\n' \
