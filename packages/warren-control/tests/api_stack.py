@@ -19,7 +19,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -83,6 +83,9 @@ class StandIn:
     refuse_creates: list[tuple[int, str] | None] = field(default_factory=list)
     # Like a finalizer: DELETE marks the object (deletionTimestamp) and `finish_deletes` removes it.
     hold_deletes: bool = False
+    # Called with the name of each object a DELETE removed, before the answer (the status
+    # mirror recording it meanwhile).
+    on_removed: Callable[[str], None] | None = None
     requests: list[tuple[str, str]] = field(default_factory=list)
     # Pods, by (namespace, name): only what a test puts here (the stand-in runs no controller).
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -182,13 +185,19 @@ class StandIn:
                 self._changed(patched)
                 return 200, patched
             if method == "DELETE":
-                if self.hold_deletes:
-                    found["metadata"]["deletionTimestamp"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                    self._changed(found)
-                    return 200, found
-                self._changed(self.objects.pop(key))
-                return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+                return self._delete(key, found)
             return 405, _status(405, "MethodNotAllowed", method)
+
+    def _delete(self, key: tuple[str, str], found: dict[str, Any]) -> tuple[int, Any]:
+        """Called with the lock held."""
+        if self.hold_deletes:
+            found["metadata"]["deletionTimestamp"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self._changed(found)
+            return 200, found
+        self._changed(self.objects.pop(key))
+        if self.on_removed is not None:
+            self.on_removed(key[1])
+        return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
 
     def _create(self, namespace: str, body: Any) -> tuple[int, Any]:
         name = (body.get("metadata") or {}).get("name", "")

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from api_stack import NAMESPACE, STAMP_KEY, OrgHandle, Stack, StandIn, serve_stack, settings_for
 from sqlalchemy import select
-from warren_control import ids
+from warren_control import ids, store
 from warren_control.api.app import make_api
 from warren_control.api.cluster import ORG_LABEL
 from warren_control.identity import HEADER, Identity, sign
@@ -109,6 +109,25 @@ def test_create_get_list_delete(stack: Stack) -> None:
         org.client.get(box.id)
     assert (missing.value.status, missing.value.code) == (404, "not_found")
     assert list(org.client.list()) == []
+
+
+def test_a_delete_the_status_mirror_recorded_first_still_answers_deleted(stack: Stack) -> None:
+    """A sandbox with no pod is gone as soon as it is deleted; the status mirror may mark its
+    record Deleted before the delete answers, which then still says Deleted (not 404)."""
+    org = stack.org()
+    box = org.client.create(IMAGE)
+
+    def mirrored(object_name: str) -> None:
+        with stack.sessions.begin() as session:
+            record = store.get_sandbox_by_object_name(session, object_name)
+            assert record is not None
+            store.set_phase(session, record, SandboxPhase.DELETED)
+
+    stack.standin.on_removed = mirrored
+    assert org.client.delete(box.id).phase == "Deleted"
+    with pytest.raises(WarrenError) as missing:
+        org.client.delete(box.id)
+    assert (missing.value.status, missing.value.code) == (404, "not_found")
 
 
 def test_delete_waits_for_the_cluster_and_holds_quota_until_then(stack: Stack) -> None:

@@ -582,7 +582,11 @@ class ApiService:
         self.cluster.delete(object_name)
         obj = self.cluster.read(object_name)
         with self.sessions.begin() as session:
-            record = self.find(session, who, sandbox_id)
+            # Deleted records too: one with no pod is gone at once, and the status mirror
+            # may have recorded that before this answer.
+            record = store.get_sandbox(session, who.org, sandbox_id, include_deleted=True)
+            if record is None:
+                raise not_found(sandbox_id)
             if obj is None:
                 store.set_phase(session, record, SandboxPhase.DELETED)
             else:
