@@ -584,14 +584,14 @@ class ApiService:
         with self.sessions.begin() as session:
             # Deleted records too: one with no pod is gone at once, and the status mirror
             # may have recorded that before this answer.
-            record = store.get_sandbox(session, who.org, sandbox_id, include_deleted=True)
-            if record is None:
+            deleted = store.get_sandbox(session, who.org, sandbox_id, include_deleted=True)
+            if deleted is None:
                 raise not_found(sandbox_id)
             if obj is None:
-                store.set_phase(session, record, SandboxPhase.DELETED)
+                store.set_phase(session, deleted, SandboxPhase.DELETED)
             else:
-                converge(session, record, obj, self.settings.namespace)
-            return self.public(record)
+                converge(session, deleted, obj, self.settings.namespace)
+            return self.public(deleted)
 
     def fork(
         self,
