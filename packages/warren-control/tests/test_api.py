@@ -49,6 +49,16 @@ ROUTES: list[tuple[str, str, dict[str, Any]]] = [
     ("GET", "/v1/sandboxes/{id}/files", {"params": {"path": "/etc/hostname"}}),
     ("PUT", "/v1/sandboxes/{id}/files", {"params": {"path": "/tmp/x"}, "content": b"data"}),
     ("GET", "/v1/sandboxes/{id}/workspace", {}),
+    (
+        "POST",
+        "/v1/secrets",
+        {"json": {"name": "s", "value": "v", "destinations": ["https://models.example/"]}},
+    ),
+    ("GET", "/v1/secrets", {}),
+    ("GET", "/v1/secrets/{name}", {}),
+    ("PATCH", "/v1/secrets/{name}", {"json": {"value": "w"}}),
+    ("DELETE", "/v1/secrets/{name}", {}),
+    ("GET", "/v1/secrets/{name}/uses", {}),
 ]
 WITH_ID = [route for route in ROUTES if "{id}" in route[1]]
 

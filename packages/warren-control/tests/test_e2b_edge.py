@@ -25,7 +25,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -34,10 +33,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 import pytest
 from api_stack import STAMP_KEY, Stack, StandIn
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from e2b import Sandbox
 from test_e2b_api import (  # noqa: F401 (fixtures, used by name)
     agent_binary,
@@ -45,6 +41,7 @@ from test_e2b_api import (  # noqa: F401 (fixtures, used by name)
     new_org,
     run_pod,
 )
+from testpki import issue, new_ca, write_key, write_pem
 from warren_common.testing import free_port
 from warren_control import cli
 from warren_control.podspec import AGENT_PORT
@@ -92,78 +89,17 @@ class Pki:
         return ssl.create_default_context(cafile=str(ca))
 
 
-def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-
-def _ca(common: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common))
-        .issuer_name(_name(common))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def _pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     root = tmp_path_factory.mktemp("pki")
-    ca_key, ca = _ca("Warren test CA")
-    _, stranger = _ca("Some other CA")
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.now(UTC)
-    leaf = (
-        x509.CertificateBuilder()
-        .subject_name(_name(f"*.{DOMAIN}"))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(f"*.{DOMAIN}")]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca = new_ca("Warren test CA")
+    _, stranger = new_ca("Some other CA")
+    key, leaf = issue(ca_key, ca, [f"*.{DOMAIN}"])
     paths = Pki(root / "ca.pem", root / "edge.pem", root / "edge.key", root / "stranger-ca.pem")
-    paths.ca.write_bytes(_pem(ca))
-    paths.stranger_ca.write_bytes(_pem(stranger))
-    paths.cert.write_bytes(_pem(leaf))
-    paths.key.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
+    write_pem(paths.ca, ca)
+    write_pem(paths.stranger_ca, stranger)
+    write_pem(paths.cert, leaf)
+    write_key(paths.key, key)
     return paths
 
 
@@ -462,12 +398,7 @@ def test_tls_flags_are_checked_before_anything_starts(
     monkeypatch.chdir(tmp_path)
     for name, source in {"edge.pem": pki.cert, "edge.key": pki.key}.items():
         (tmp_path / name).write_bytes(source.read_bytes())
-    other = ec.generate_private_key(ec.SECP256R1())
-    (tmp_path / "other.key").write_bytes(
-        other.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
+    write_key(tmp_path / "other.key", ec.generate_private_key(ec.SECP256R1()))
     role = [] if "--role" in flags else ["--role", "edge"]
     # No database, no stamp key: the TLS flags are refused before either is looked for.
     monkeypatch.delenv("WARREN_DATABASE_URL", raising=False)

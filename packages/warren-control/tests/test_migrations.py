@@ -20,7 +20,7 @@ def test_migrations_ship_inside_the_package() -> None:
     assert (MIGRATIONS / "env.py").is_file()
     assert (MIGRATIONS / "script.py.mako").is_file()
     scripts = ScriptDirectory.from_config(alembic_config())
-    assert scripts.get_heads() == ["0006"]
+    assert scripts.get_heads() == ["0007"]
 
 
 def test_upgrade_creates_exactly_the_models_schema(records_url: str) -> None:
@@ -33,7 +33,7 @@ def test_upgrade_creates_exactly_the_models_schema(records_url: str) -> None:
                 connection, opts={"compare_type": True, "compare_server_default": True}
             )
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == "0006"
+            assert context.get_current_revision() == "0007"
             assert set(inspect(connection).get_table_names()) == {*Base.metadata.tables, "alembic_version"}
     finally:
         engine.dispose()

@@ -1,10 +1,11 @@
 """`warren-control`: the control plane's one program.
 
-    warren-control serve --role api|edge|controller|mirror|reaper|all ...
+    warren-control serve --role api|edge|controller|mirror|reaper|gateway|all ...
     warren-control openapi [--output FILE]
     warren-control admin migrate|create-org|issue-key|revoke-key|list-keys ...   (admin_cli.py)
     warren-control install ...   the install Job's work on the cluster (install.py)
     warren-control sandbox create|get|list|delete|fork|exec|stop|start|read-file|write-file|keepalive ...
+    warren-control secret create|update|list|get|revoke|uses ...   (write-only: values go in, never out)
 
 The sandbox commands talk to the edge with the SDK: `--url` / WARREN_URL and `--api-key` /
 WARREN_API_KEY. Long operations (a sandbox coming up, stopping, going away) print their
@@ -33,6 +34,7 @@ from warren_control.workspaces import DEFAULT_RETENTION_S
 
 DEFAULT_EDGE_PORT = 8080
 DEFAULT_API_PORT = 8081
+DEFAULT_GATEWAY_PORT = 8090
 # Libraries that log each request or connection at info (the edge's proxying through httpx,
 # the Kubernetes client's pool, alembic's plugin setup): their warnings only.
 QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "kubernetes", "alembic.runtime.plugins")
@@ -84,7 +86,29 @@ def _api_settings(args: argparse.Namespace, *, read_through: bool) -> Any:
         fork_pools=_pools(args, fork=True),
         start_wait_s=args.start_wait,
         sandbox_domain=args.sandbox_domain,
+        secrets_key=_secrets_key(args),
+        gateway_url=args.gateway_url,
     )
+
+
+def _secrets_key(args: argparse.Namespace) -> bytes | None:
+    """The key material secrets are sealed under: --secrets-key-file, checked before
+    anything starts; None where no gateway is deployed (secrets are refused then)."""
+    if not args.secrets_key_file:
+        if args.gateway_url or args.role == "gateway":
+            raise SystemExit(
+                "the egress gateway needs --secrets-key-file (at least 32 bytes, kept like the stamp key)"
+            )
+        return None
+    try:
+        key = Path(args.secrets_key_file).read_bytes().strip()
+    except OSError as exc:
+        raise SystemExit(f"cannot read --secrets-key-file {args.secrets_key_file}: {exc}") from None
+    if len(key) < 32:  # noqa: PLR2004 (vault.MIN_KEY_MATERIAL)
+        raise SystemExit(
+            f"--secrets-key-file {args.secrets_key_file} holds {len(key)} bytes; at least 32 are needed"
+        )
+    return key
 
 
 def _pools(args: argparse.Namespace, *, fork: bool = False) -> frozenset[str]:
@@ -132,6 +156,25 @@ def _background(args: argparse.Namespace, settings: Any, roles: Sequence[str], s
         workers.append(Reaper(sessions, Cluster(settings), reaping, settings.workspace_store))
     for worker in workers:
         threading.Thread(target=worker.run, args=(stop,), name=type(worker).__name__, daemon=True).start()
+
+
+def _gateway_app(args: argparse.Namespace, settings: Any, stop: threading.Event) -> Any:
+    """The egress gateway (gateway.py), knowing sandboxes by their pods' addresses."""
+    from warren_control import db
+    from warren_control.gateway import Gateway, PodAddresses, make_gateway, tls_context
+    from warren_control.kube import Kube
+    from warren_control.vault import SecretBox
+
+    try:
+        verify = tls_context(args.gateway_ca_file)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(
+            f"cannot use --gateway-ca-file {args.gateway_ca_file}: {exc}; give PEM certificates"
+        ) from None
+    addresses = PodAddresses(Kube.connect(args.kubeconfig), settings.namespace)
+    addresses.run(stop)
+    sessions = db.session_factory(db.make_engine(settings.database_url))
+    return make_gateway(Gateway(sessions, SecretBox(settings.secrets_key), addresses, verify=verify))
 
 
 def _until_signalled(stop: threading.Event) -> None:
@@ -295,6 +338,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     elif role == "controller":
         lead_if_asked(args)
         _run_controller(args)
+    elif role == "gateway":
+        settings = _api_settings(args, read_through=False)
+        stop_pods = threading.Event()
+        try:
+            _serve_forever(
+                _gateway_app(args, settings, stop_pods), args.host, args.port or DEFAULT_GATEWAY_PORT
+            )
+        finally:
+            stop_pods.set()
     elif role in {"mirror", "reaper"}:
         settings = _api_settings(args, read_through=False)
         lead_if_asked(args)
@@ -315,6 +367,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 tls,
             )
         )
+        if settings.secrets_key is not None:  # the egress gateway, in every replica
+            gateway = _gateway_app(args, settings, stop)
+            servers.append(_serve_in_thread(gateway, args.host, args.gateway_port or DEFAULT_GATEWAY_PORT))
         try:
             lead_if_asked(args)
             _background(args, settings, ["mirror", "reaper"], stop)
@@ -401,6 +456,7 @@ def sandbox_create(client: Client, args: argparse.Namespace) -> int:
         workspace_size_gib=args.workspace_size_gib,
         workspace_template=args.template,
         **({"on_idle": args.on_idle} if args.on_idle else {}),
+        **({"secrets": args.secret} if args.secret else {}),
     )
     if args.wait:
         sandbox = _wait(client, args, sandbox.id, "Running")
@@ -436,7 +492,7 @@ def sandbox_delete(client: Client, args: argparse.Namespace) -> int:
 def sandbox_fork(client: Client, args: argparse.Namespace) -> int:
     """Fork, then wait for every child at once (each on its own, with progress): the command
     ends when each child runs or cannot, and says why for each that cannot."""
-    results = client.fork(args.id, args.count)
+    results = client.fork(args.id, args.count, secrets=args.secrets)
     progress = Progress(sys.stderr, quiet=args.quiet)
 
     def settle(child: Sandbox) -> Sandbox | WarrenError:
@@ -538,12 +594,31 @@ def sandbox_workspace(client: Client, args: argparse.Namespace) -> int:
 def _serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="run one role of the control plane (or all of them)")
     serve.add_argument(
-        "--role", choices=["api", "edge", "controller", "mirror", "reaper", "all"], required=True
+        "--role", choices=["api", "edge", "controller", "mirror", "reaper", "gateway", "all"], required=True
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (edge, api)")
     serve.add_argument("--log-level", default="info", help="logs are JSON lines on stderr, one event each")
     serve.add_argument("--port", type=int, help=f"port (edge {DEFAULT_EDGE_PORT}, api {DEFAULT_API_PORT})")
     serve.add_argument("--api-port", type=int, help="with --role all: the API's loopback port")
+    serve.add_argument(
+        "--gateway-port",
+        type=int,
+        help=f"with --role all: the egress gateway's port (default {DEFAULT_GATEWAY_PORT}; it runs where "
+        "--secrets-key-file is given)",
+    )
+    serve.add_argument(
+        "--secrets-key-file",
+        help="api, gateway: the key material organization secrets are sealed under (at least 32 bytes)",
+    )
+    serve.add_argument(
+        "--gateway-url",
+        help="api: the egress gateway's URL as sandbox pods reach it (their WARREN_GATEWAY_URL)",
+    )
+    serve.add_argument(
+        "--gateway-ca-file",
+        help="gateway: PEM certificates trusted for destinations besides the system's "
+        "(a private model host's)",
+    )
     serve.add_argument("--api-url", help="with --role edge: where the API listens")
     serve.add_argument("--database-url", help="records database (or WARREN_DATABASE_URL)")
     serve.add_argument("--migrate", action="store_true", help="upgrade the database schema first")
@@ -698,6 +773,12 @@ def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command 
     create.add_argument("--template", help="a workspace id to start from")
     idle = "what the idle timeout does (pause keeps memory)"
     create.add_argument("--on-idle", choices=["delete", "stop", "pause"], help=idle)
+    create.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME",
+        help="a secret it may use through the egress gateway (repeatable)",
+    )
     with_wait(create)
 
     action("get", sandbox_get, "show a sandbox").add_argument("id")
@@ -710,6 +791,7 @@ def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command 
     fork = action("fork", sandbox_fork, "fork a sandbox into new ones")
     fork.add_argument("id")
     fork.add_argument("--count", type=int, default=1)
+    fork.add_argument("--secrets", action="store_true", help="the children keep the parent's secret bindings")
     with_wait(fork)
 
     run = action("exec", sandbox_exec, "run a command in a sandbox (exits with its exit code)")
@@ -746,6 +828,132 @@ def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command 
     sandbox.set_defaults(handler=cmd_sandbox)
 
 
+def _secret_parser(commands: Any) -> None:
+    secret = commands.add_parser(
+        "secret", help="manage the organization's secrets through the API (write-only)"
+    )
+    secret.add_argument("--url", help="the edge's URL (or WARREN_URL)")
+    secret.add_argument("--api-key", help="an API key (or WARREN_API_KEY)")
+    actions = secret.add_subparsers(dest="action", required=True)
+
+    def how(parser: Any) -> None:
+        parser.add_argument(
+            "--destination", action="append", metavar="URL", help="https://HOST[:PORT][/PREFIX] (repeatable)"
+        )
+        parser.add_argument("--header", help="the header it goes in (default Authorization)")
+        parser.add_argument(
+            "--template", help="the header's value with {secret} where it goes (default 'Bearer {secret}')"
+        )
+        parser.add_argument("--query", help="a query parameter it goes in instead of a header")
+        parser.add_argument("--budget-requests", type=int, help="requests at most in each --budget-period")
+        parser.add_argument(
+            "--budget-bytes", type=int, help="bytes both ways at most in each --budget-period"
+        )
+        parser.add_argument("--budget-period", type=int, default=3600, help="seconds (default 3600)")
+        parser.add_argument(
+            "--value-file",
+            help="read the value from this file (default: standard input), one line, never an argument",
+        )
+
+    create = actions.add_parser("create", help="store a secret (its value from --value-file or stdin)")
+    create.add_argument("name")
+    create.add_argument("--env", help="the variable a sandbox bound to it holds a placeholder in")
+    how(create)
+    create.set_defaults(secret_handler=secret_create)
+    rotate = actions.add_parser("update", help="rotate its value (--rotate) or change where and how it goes")
+    rotate.add_argument("name")
+    rotate.add_argument("--rotate", action="store_true", help="a new value, from --value-file or stdin")
+    how(rotate)
+    rotate.set_defaults(secret_handler=secret_update)
+    actions.add_parser("list", help="the live secrets").set_defaults(secret_handler=secret_list)
+    for name, handler, text in (
+        ("get", secret_get, "one secret, without its value"),
+        ("revoke", secret_revoke, "revoke it: the next request that would carry it is refused"),
+        ("uses", secret_uses, "its audit: every request made with it, or refused, newest first"),
+    ):
+        one = actions.add_parser(name, help=text)
+        one.add_argument("name")
+        one.set_defaults(secret_handler=handler)
+    secret.set_defaults(handler=cmd_secret)
+
+
+def _secret_value(args: argparse.Namespace) -> str:
+    """The value, from a file or stdin (an argument would be in the shell's history and ps)."""
+    raw = Path(args.value_file).read_text() if args.value_file else sys.stdin.read()
+    return raw.rstrip("\r\n")
+
+
+def _secret_how(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for key in ("header", "template", "query"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
+    if args.destination:
+        options["destinations"] = args.destination
+    if args.budget_requests is not None or args.budget_bytes is not None:
+        options["budget"] = {
+            "requests": args.budget_requests,
+            "bytes": args.budget_bytes,
+            "period_s": args.budget_period,
+        }
+    return options
+
+
+def secret_create(client: Client, args: argparse.Namespace) -> int:
+    options = _secret_how(args)
+    destinations = options.pop("destinations", None)
+    if not destinations:
+        raise SystemExit("give at least one --destination https://HOST[:PORT][/PREFIX]")
+    if args.env:
+        options["env"] = args.env
+    print(json.dumps(client.create_secret(args.name, _secret_value(args), destinations, **options), indent=2))
+    return 0
+
+
+def secret_update(client: Client, args: argparse.Namespace) -> int:
+    changes = _secret_how(args)
+    if args.rotate:
+        changes["value"] = _secret_value(args)
+    if not changes:
+        raise SystemExit(
+            "nothing to change: give --rotate, --destination, --header, --template, --query or a budget"
+        )
+    print(json.dumps(client.update_secret(args.name, **changes), indent=2))
+    return 0
+
+
+def secret_list(client: Client, args: argparse.Namespace) -> int:
+    for secret in client.list_secrets():
+        print(json.dumps(secret))
+    return 0
+
+
+def secret_get(client: Client, args: argparse.Namespace) -> int:
+    print(json.dumps(client.get_secret(args.name), indent=2))
+    return 0
+
+
+def secret_revoke(client: Client, args: argparse.Namespace) -> int:
+    print(json.dumps(client.revoke_secret(args.name), indent=2))
+    return 0
+
+
+def secret_uses(client: Client, args: argparse.Namespace) -> int:
+    for use in client.secret_uses(args.name):
+        print(json.dumps(use))
+    return 0
+
+
+def cmd_secret(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        try:
+            code: int = args.secret_handler(client, args)
+        except WarrenError as exc:
+            print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+            return 1
+    return code
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     with _client(args) as client:
         try:
@@ -764,6 +972,7 @@ def parser() -> argparse.ArgumentParser:
     openapi.add_argument("--output", "-o", help="write it to this file")
     openapi.set_defaults(handler=cmd_openapi)
     _sandbox_parser(commands)
+    _secret_parser(commands)
     add_admin_parser(commands)
     install.add_parser(commands)
     return top

@@ -37,3 +37,7 @@ def new_object_name() -> str:
     """The Kubernetes name of a Sandbox resource: drawn on its own, so the public id can't be
     derived from it (or it from the public id)."""
     return f"sandbox-{_random()}"
+
+
+def new_secret_id() -> str:
+    return f"sec_{_random()}"

@@ -1,4 +1,5 @@
-"""The product records: organizations, users, API keys, sandboxes and idempotency records.
+"""The product records: organizations, users, API keys, sandboxes, secrets and their uses, and
+idempotency records.
 
 PostgreSQL in production, SQLite for the single-node default: every type here means the same on both.
 The schema is created by the Alembic migrations in `migrations/`, never by `create_all`; a test
@@ -20,6 +21,7 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     UniqueConstraint,
@@ -245,3 +247,57 @@ class IdempotencyRecord(Base):
     status_code: Mapped[int] = mapped_column(Integer)
     response: Mapped[Any] = mapped_column(JSONType, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Secret(Base):
+    """A credential of an organization that only the egress gateway puts into requests, to
+    the destinations it is bound to (vault.py). The value is sealed; a revoked secret keeps
+    its row (its uses name it) but not its value."""
+
+    __tablename__ = "secrets"
+    __table_args__ = (
+        ForeignKeyConstraint(["org_id"], ["organizations.id"]),
+        Index(None, "org_id", "name"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(63))
+    destinations: Mapped[list[str]] = mapped_column()  # https URLs (vault.Destination.url)
+    injection: Mapped[dict[str, Any]] = mapped_column()  # {header, template} or {query}
+    # The environment variable a sandbox bound to it holds the placeholder in, if any.
+    env: Mapped[str | None] = mapped_column(String(128))
+    sealed: Mapped[bytes | None] = mapped_column(LargeBinary)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    # At most this many requests, and this many bytes both ways, in any budget_period_s.
+    budget_requests: Mapped[int | None] = mapped_column(Integer)
+    budget_bytes: Mapped[int | None] = mapped_column(Integer)
+    budget_period_s: Mapped[int] = mapped_column(Integer, default=3600)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    rotated_at: Mapped[datetime | None] = mapped_column()
+    revoked_at: Mapped[datetime | None] = mapped_column()
+
+
+class SecretUse(Base):
+    """One request a sandbox sent through the gateway with a secret, or tried to: the audit
+    record (refusals too), and what budgets count."""
+
+    __tablename__ = "secret_uses"
+    __table_args__ = (
+        ForeignKeyConstraint(["org_id"], ["organizations.id"]),
+        Index(None, "secret_id", "at"),
+        Index(None, "org_id", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    org_id: Mapped[str] = mapped_column(String(32))
+    secret_id: Mapped[str | None] = mapped_column(String(32))
+    sandbox_id: Mapped[str | None] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(String(64))  # the pod address the request came from
+    destination: Mapped[str] = mapped_column(String(2048))  # method and URL, no query
+    status: Mapped[int] = mapped_column(Integer)  # the destination's, or the gateway's refusal
+    outcome: Mapped[str] = mapped_column(String(64))  # "sent" or why not
+    bytes_sent: Mapped[int] = mapped_column(Integer, default=0)
+    bytes_received: Mapped[int] = mapped_column(Integer, default=0)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    duration_ms: Mapped[int] = mapped_column(Integer, default=0)

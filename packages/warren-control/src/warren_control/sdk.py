@@ -333,15 +333,17 @@ class Client:
         return self._sandbox("DELETE", f"/v1/sandboxes/{sandbox_id}")
 
     def fork(
-        self, sandbox_id: str, count: int = 1, *, idempotency_key: str | None = None
+        self, sandbox_id: str, count: int = 1, *, idempotency_key: str | None = None, secrets: bool = False
     ) -> builtins.list[ForkResult]:
+        """Fork into `count` children; `secrets` keeps the parent's secret bindings."""
         key = idempotency_key or _new_idempotency_key()
+        body: dict[str, Any] = {"count": count, **({"secrets": True} if secrets else {})}
 
         def call() -> builtins.list[ForkResult]:
             data = self._request(
                 "POST",
                 f"/v1/sandboxes/{sandbox_id}/fork",
-                json_body={"count": count},
+                json_body=body,
                 headers={"Idempotency-Key": key},
             ).json()
             return [
@@ -353,6 +355,40 @@ class Client:
 
         results: builtins.list[ForkResult] = self._retrying(call)
         return results
+
+    # ---- secrets: write-only, no answer carries a value
+
+    def create_secret(
+        self, name: str, value: str, destinations: builtins.list[str], **options: Any
+    ) -> dict[str, Any]:
+        """Store a secret the egress gateway injects (options: header, template, query, env,
+        budget {requests, bytes, period_s})."""
+        body = {"name": name, "value": value, "destinations": destinations, **options}
+        found: dict[str, Any] = self._request("POST", "/v1/secrets", json_body=body).json()
+        return found
+
+    def list_secrets(self) -> builtins.list[dict[str, Any]]:
+        items: builtins.list[dict[str, Any]] = self._request("GET", "/v1/secrets").json()["items"]
+        return items
+
+    def get_secret(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self._request("GET", f"/v1/secrets/{name}").json()
+        return found
+
+    def update_secret(self, name: str, **changes: Any) -> dict[str, Any]:
+        """Rotate the value (value=...) or change destinations, header, template, query, budget."""
+        found: dict[str, Any] = self._request("PATCH", f"/v1/secrets/{name}", json_body=changes).json()
+        return found
+
+    def revoke_secret(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self._request("DELETE", f"/v1/secrets/{name}").json()
+        return found
+
+    def secret_uses(self, name: str, *, limit: int = 100) -> builtins.list[dict[str, Any]]:
+        items: builtins.list[dict[str, Any]] = self._request(
+            "GET", f"/v1/secrets/{name}/uses", params={"limit": limit}
+        ).json()["items"]
+        return items
 
     def stop(self, sandbox_id: str, *, memory: bool = False) -> Sandbox:
         """Stop the sandbox; with `memory`, its processes' memory is captured first and the

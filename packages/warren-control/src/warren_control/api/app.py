@@ -11,7 +11,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from warren_control.api import e2b, sandbox_io, sandboxes
+from warren_control.api import e2b, sandbox_io, sandboxes, secrets
 from warren_control.api.errors import ApiError, ClusterError
 from warren_control.api.params import Api, Who
 from warren_control.api.service import ApiService, ApiSettings
@@ -50,6 +50,7 @@ def make_api(settings: ApiSettings) -> FastAPI:
 
     app.include_router(sandboxes.router)
     app.include_router(sandbox_io.router)
+    app.include_router(secrets.router)
     app.include_router(internal)
     # The E2B SDK's routes, at the root where it looks for them (E2B_API_URL is the edge).
     app.include_router(e2b.router)

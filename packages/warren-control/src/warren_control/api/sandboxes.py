@@ -125,7 +125,7 @@ def delete_sandbox(sandbox_id: str, who: Who, api: Api) -> Response:
 def fork_sandbox(
     sandbox_id: str, who: Who, api: Api, body: Annotated[ForkRequest, Body()], key: IdempotencyKey = None
 ) -> Response:
-    status, response, replayed = api.fork(who, sandbox_id, body.count, key)
+    status, response, replayed = api.fork(who, sandbox_id, body.count, key, secrets=body.secrets)
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     return JSONResponse(response, status_code=status, headers=headers)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -15,7 +15,7 @@ import anyio
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from warren_control import agentclient, ids, keys, store
+from warren_control import agentclient, ids, keys, secret_records, store
 from warren_control.api.cluster import Cluster, org_hash, resource_for
 from warren_control.api.errors import ApiError, ClusterError, not_found, unsupported
 from warren_control.api.shapes import RUNTIME, CreateSandboxRequest, SandboxOut, WorkspaceRequest
@@ -35,6 +35,7 @@ from warren_control.observation import converge, start_ended, start_report
 from warren_control.podspec import has_agent, sandbox_pod_name, starts_agent
 from warren_control.scrub import scrub
 from warren_control.templates import Template
+from warren_control.vault import GATEWAY_ENV, placeholder
 from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore, WorkspaceStoreError
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,10 @@ class ApiSettings:
     # Templates whose forks' children claim from a pool (the SandboxPool <name>-forks, whose
     # pods take the child's workspace at the claim).
     fork_pools: frozenset[str] = frozenset()
+    # Secrets (vault.py): the key material values are sealed under, and the URL sandbox pods
+    # reach the egress gateway at. Without both, secrets are refused as unsupported.
+    secrets_key: bytes | None = None
+    gateway_url: str | None = None
     sandbox_domain: str | None = None
     # How long an E2B create, connect or fork waits for its sandboxes to run before it answers
     # (E2B's SDK uses a sandbox as soon as it has one); 0 answers at once.
@@ -286,6 +291,25 @@ class ApiService:
         if pool:
             spec["pool"] = pool
         return spec
+
+    def bind_secrets(self, session: Session, org_id: str, names: Sequence[str], spec: dict[str, Any]) -> None:
+        """Bind the organization's live secrets `names` to the sandbox being made: the
+        gateway takes requests from it for them, and its environment holds placeholders
+        (never a value) and the gateway's URL."""
+        if self.settings.secrets_key is None or not self.settings.gateway_url:
+            raise unsupported("secrets", "this deployment runs no egress gateway")
+        found, env = [], {GATEWAY_ENV: self.settings.gateway_url}
+        for name in dict.fromkeys(names):
+            secret = secret_records.live(session, org_id, name)
+            if secret is None:
+                raise ApiError(
+                    400, "invalid_request", f"no secret {name!r} in this organization (POST /v1/secrets)"
+                )
+            found.append(secret.id)
+            if secret.env:
+                env[secret.env] = placeholder(secret.name)
+        spec["secrets"] = {"ids": found, "env": sorted(env)}
+        spec["env"] = {**(spec.get("env") or {}), **env}
 
     def pool_for(self, spec: Mapping[str, Any]) -> str | None:
         """The warm pool whose template describes this sandbox (its image and size), if any.
@@ -547,6 +571,8 @@ class ApiService:
             if extra:
                 spec.update(extra)
                 check_lifetime(org, int(spec["max_lifetime_s"]))
+            if body.secrets:
+                self.bind_secrets(session, org.id, body.secrets, spec)
             cap_pool(session, org, spec)
             self.check_template(session, org.id, body.workspace.template if body.workspace else None)
             try:
@@ -602,10 +628,12 @@ class ApiService:
         *,
         route: str | None = None,
         lifetime_s: int | None = None,
+        secrets: bool = False,
     ) -> tuple[int, Any, bool]:
         """Fork a sandbox's workspace into `count` new sandboxes, each succeeding or failing
         on its own: (status, {"results": [...]}, whether it was a replay). `lifetime_s`
-        gives the children a lifetime of their own (from now) instead of their parent's."""
+        gives the children a lifetime of their own (from now) instead of their parent's;
+        `secrets` keeps the parent's secret bindings (without it the children have none)."""
         self.need_workspaces("a fork")
         self.workspace_of(who, sandbox_id)  # a pooled sandbox's is bound when it starts
         memory = restore_point(self.cluster.read(self.object_name(who, sandbox_id)))
@@ -618,7 +646,7 @@ class ApiService:
                 raise ApiError(409, "conflict", "the sandbox is being deleted")
             if not parent.workspace_id:  # bound before this transaction, if it ever was
                 raise ApiError(409, "conflict", "the sandbox has no workspace to fork")
-            spec = fork_spec(parent, memory)
+            spec = fork_spec(parent, memory, secrets=secrets)
             if lifetime_s is not None:
                 check_lifetime(org, lifetime_s)
                 spec["max_lifetime_s"] = lifetime_s
@@ -643,7 +671,7 @@ class ApiService:
                 results.append({"ok": True, "sandbox": self.public(child)})
             return 200, {"results": results}
 
-        request: dict[str, Any] = {"user": who.user, "count": count}
+        request: dict[str, Any] = {"user": who.user, "count": count, **({"secrets": True} if secrets else {})}
         if lifetime_s is not None:
             request["lifetime_s"] = lifetime_s
         fingerprint = store.request_hash("POST", route or f"/v1/sandboxes/{sandbox_id}/fork", request)
@@ -705,9 +733,11 @@ class ApiService:
             return self.public(record)
 
 
-def fork_spec(parent: Sandbox, memory: Obj | None) -> dict[str, Any]:
+def fork_spec(parent: Sandbox, memory: Obj | None, *, secrets: bool = False) -> dict[str, Any]:
     """The spec of a fork's children: the parent's, over forks of its workspace, each
-    restored from its memory image if it has one that is a restore point (`memory`)."""
+    restored from its memory image if it has one that is a restore point (`memory`). The
+    parent's secret bindings only if `secrets` (the placeholders in the environment go
+    with them)."""
     spec = {
         **parent.spec,
         "stopped": False,
@@ -720,6 +750,13 @@ def fork_spec(parent: Sandbox, memory: Obj | None) -> dict[str, Any]:
     }
     spec.pop("pool_skipped", None)
     spec.pop("memory_from", None)
+    if not secrets and (bound := spec.pop("secrets", None)):
+        held = set(bound.get("env") or [])
+        env = {k: v for k, v in (spec.get("env") or {}).items() if k not in held}
+        if env:
+            spec["env"] = env
+        else:
+            spec.pop("env", None)
     if memory is not None:
         spec["memory_from"] = memory["image"]
     return spec

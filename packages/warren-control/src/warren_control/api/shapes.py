@@ -17,6 +17,7 @@ MAX_FORK = 100
 MAX_EXEC_TIMEOUT_S = 3600
 WORKSPACE_ID = r"^ws_[a-z2-7]{26}$"
 SCHEMAS = "#/components/schemas/"
+SECRET_NAME = r"^[a-z][a-z0-9-]{0,62}$"  # noqa: S105 (a pattern for names, not a password)
 
 
 def _utf8(value: str) -> str:
@@ -78,10 +79,21 @@ class CreateSandboxRequest(Strict):
             "resumes it)."
         ),
     )
+    secrets: list[Annotated[str, Field(pattern=SECRET_NAME)]] | None = Field(
+        default=None,
+        max_length=32,
+        description=(
+            "Secrets of the organization (POST /v1/secrets) the sandbox may use through the egress "
+            "gateway: its environment holds placeholders and WARREN_GATEWAY_URL, never a value."
+        ),
+    )
 
 
 class ForkRequest(Strict):
     count: int = Field(default=1, ge=1, le=MAX_FORK)
+    secrets: bool = Field(
+        default=False, description="Keep the parent's secret bindings (without it the children have none)."
+    )
 
 
 class StopRequest(Strict):
@@ -272,3 +284,84 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 def error_content() -> dict[str, Any]:
     return {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}}
+
+
+class BudgetIn(Strict):
+    requests: int | None = Field(default=None, ge=1, description="Requests at most in each period.")
+    bytes: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="Bytes both ways at most in each period."
+    )
+    period_s: int = Field(default=3600, ge=60, le=31 * 24 * 3600, description="The period, in seconds.")
+
+
+class CreateSecretRequest(Strict):
+    name: str = Field(pattern=SECRET_NAME, description="Unique among the organization's live secrets.")
+    value: Text = Field(min_length=1, max_length=8192, description="The credential. Never returned.")
+    destinations: list[Text] = Field(
+        min_length=1,
+        max_length=16,
+        description="Where it may go: https://HOST[:PORT][/PATH-PREFIX], exactly.",
+    )
+    header: str | None = Field(default=None, max_length=128, description="The header it goes in (or query).")
+    template: Text | None = Field(
+        default=None,
+        max_length=1024,
+        description="The header's value, with {secret} where it goes (e.g. 'Bearer {secret}').",
+    )
+    query: str | None = Field(
+        default=None, max_length=128, description="The query parameter it goes in instead."
+    )
+    env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+        description="An environment variable a sandbox bound to it holds a placeholder in "
+        "(for tools that insist on one).",
+    )
+    budget: BudgetIn | None = None
+
+
+class UpdateSecretRequest(Strict):
+    value: Text | None = Field(
+        default=None, min_length=1, max_length=8192, description="A new value (a rotation)."
+    )
+    destinations: list[Text] | None = Field(default=None, min_length=1, max_length=16)
+    header: str | None = Field(default=None, max_length=128)
+    template: Text | None = Field(default=None, max_length=1024)
+    query: str | None = Field(default=None, max_length=128)
+    budget: BudgetIn | None = None
+
+
+class SecretOut(BaseModel):
+    id: str
+    name: str
+    destinations: list[str]
+    header: str | None = None
+    template: str | None = None
+    query: str | None = None
+    env: str | None = None
+    placeholder: str
+    budget: BudgetIn | None = None
+    version: int
+    created_at: datetime
+    rotated_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+class SecretListOut(BaseModel):
+    items: list[SecretOut]
+
+
+class SecretUseOut(BaseModel):
+    secret_id: str | None
+    sandbox_id: str | None
+    destination: str
+    status: int
+    outcome: str
+    bytes_sent: int
+    bytes_received: int
+    at: datetime
+    duration_ms: int
+
+
+class SecretUseListOut(BaseModel):
+    items: list[SecretUseOut]
