@@ -257,6 +257,13 @@ class ClusterConfig(_Model):
         return str(ipaddress.ip_network(self.service_cidr)[10])
 
     @property
+    def gateway_ip(self) -> str:
+        """The egress gateway's Service IP on the clusters Warren builds: the eleventh
+        address of the service range, fixed so that each node's floor can let sandboxes
+        reach it (and nothing else in the service range)."""
+        return str(ipaddress.ip_network(self.service_cidr)[11])
+
+    @property
     def node_pod_cidr(self) -> str:
         """The node's pod range: the first /24 of the pod range (what the controller
         manager allocates to the first node)."""
@@ -349,6 +356,8 @@ LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 # The templates the control plane is given (--template): the ones a warm pool can serve.
 POOLED_TEMPLATES = ("base",)
+# The egress gateway's port (warren-control serve's default): the Service's and the pods'.
+GATEWAY_PORT = 8090
 
 
 class PoolConfig(_Model):
@@ -429,6 +438,34 @@ class ServicesConfig(_Model):
     # the edge's name and *.{sandbox_domain}: the edge serves HTTPS with it. Empty: HTTP
     # (behind the operator's own TLS terminator, or on a private network).
     edge_tls_secret: str = ""
+    # The egress gateway (every control replica serves it on GATEWAY_PORT, behind the Service
+    # warren-gateway): sandboxes reach model and tool APIs through it with the organization's
+    # secrets added outside the guest. Off: secrets are refused.
+    gateway: bool = True
+    # The Service's cluster IP. Nodes whose egress floor Warren installs let sandboxes reach
+    # this address on GATEWAY_PORT only; the local deployment fills in cluster.gateway_ip.
+    # Empty: the cluster picks one (its floor is then the NetworkPolicy's alone).
+    gateway_cluster_ip: str = ""
+    # PEM certificates the gateway trusts for destinations besides the public CAs its image
+    # holds (a private model host's CA). Empty: the public ones only.
+    gateway_trusted_ca: str = ""
+
+    @field_validator("gateway_cluster_ip")
+    @classmethod
+    def _gateway_ip(cls, value: str) -> str:
+        if value:
+            try:
+                ipaddress.ip_address(value)
+            except ValueError as exc:
+                raise ValueError(f"{value!r} is not an IP address (the gateway Service's)") from exc
+        return value
+
+    @field_validator("gateway_trusted_ca")
+    @classmethod
+    def _trusted_ca(cls, value: str) -> str:
+        if value and "-----BEGIN CERTIFICATE-----" not in value:
+            raise ValueError("gateway_trusted_ca holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+        return value
 
     @field_validator("pools")
     @classmethod
@@ -530,6 +567,10 @@ class ServicesConfig(_Model):
                 "knows only the keys the install Job makes); use secret"
             )
         return self
+
+    @property
+    def gateway_port(self) -> int:
+        return GATEWAY_PORT
 
     @property
     def install_job(self) -> str:

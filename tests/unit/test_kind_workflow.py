@@ -44,6 +44,7 @@ HOST_SPECIFIC = (
     "services.runsc_root_host_path",
     "services.image_pull_policy",
     "services.image_digests",
+    "services.gateway_cluster_ip",  # fixed where the node floor is ours, to let the gateway in
     "services.stores_node_selector",
     "isolation.platform_groups",
 )

@@ -29,6 +29,9 @@ def test_the_local_node_gets_its_own_paths_and_pinned_never_pulled_images() -> N
     assert services.stores_host_path == str(STATE / "stores")
     assert services.blockd_state_host_path == str(STATE / "node" / "blockd")
     assert services.image_pull_policy == "Never"
+    # The gateway where this node's egress floor lets sandboxes reach it.
+    assert services.gateway_cluster_ip == "10.96.0.11"
+    assert parse_config({"cluster": {"service_cidr": "10.100.0.0/16"}}).cluster.gateway_ip == "10.100.0.11"
     for name in SERVICE_IMAGES:
         assert services.image(name) == f"warren.dev/{name}:0.1.0@{HELD[f'warren.dev/{name}:0.1.0']}"
 

@@ -74,14 +74,17 @@ def test_every_pod_template_selects_its_own_labels() -> None:
             wanted = obj["spec"]["selector"]["matchLabels"]
             labels = obj["spec"]["template"]["metadata"]["labels"]
             assert wanted.items() <= labels.items(), obj["metadata"]["name"]
-        if obj["kind"] == "Service":
-            (target,) = [
-                o
+        if obj["kind"] == "Service":  # exactly one workload's pods, the one it is named for or the gateway's
+            targets = [
+                o["metadata"]["name"]
                 for o in workloads()
                 if o["kind"] in {"Deployment", "StatefulSet"}
-                and o["metadata"]["name"] == obj["metadata"]["name"]
+                and obj["spec"]["selector"].items() <= o["spec"]["template"]["metadata"]["labels"].items()
             ]
-            assert obj["spec"]["selector"].items() <= target["spec"]["template"]["metadata"]["labels"].items()
+            wanted_target = (
+                "warren-control" if obj["metadata"]["name"] == "warren-gateway" else obj["metadata"]["name"]
+            )
+            assert targets == [wanted_target], obj["metadata"]["name"]
 
 
 def test_images_and_replicas_come_from_the_configuration() -> None:
@@ -110,13 +113,14 @@ def test_no_secret_value_is_rendered() -> None:
             "embedded",
             {
                 "warren-stamp-key",
+                "warren-secrets-key",
                 "warren-blockd-bind",
                 "warren-postgres",
                 "warren-database",
                 "warren-object-store",
             },
         ),
-        ("external", {"warren-stamp-key", "warren-blockd-bind", *install.EXTERNAL}),
+        ("external", {"warren-stamp-key", "warren-secrets-key", "warren-blockd-bind", *install.EXTERNAL}),
     ):
         extra = {"object_store_endpoint": "https://s3.example.com"} if stores == "external" else {}
         objects = workloads({"stores": stores, **extra})
@@ -257,6 +261,8 @@ def test_the_lease_role_is_in_warren_system_only() -> None:
         ({"sandbox_domain": "localhost"}, "services.sandbox_domain"),
         ({"sandbox_domain": "bad_name.example.com"}, "services.sandbox_domain"),
         ({"edge_tls_secret": "Not/A/Name"}, "services.edge_tls_secret"),
+        ({"gateway_cluster_ip": "10.96.0"}, "services.gateway_cluster_ip"),
+        ({"gateway_trusted_ca": "not a certificate"}, "services.gateway_trusted_ca"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(services: dict[str, Any], named_key: str) -> None:
@@ -324,3 +330,23 @@ def test_a_pool_per_configured_template_and_the_control_plane_names_it() -> None
         parse_config({"services": {"pools": {"big": {}}}})
     with pytest.raises(ConfigError, match=r"services\.pools\.base\.size"):
         parse_config({"services": {"pools": {"base": {"size": -1}}}})
+
+
+def test_the_egress_gateway_is_served_by_the_control_pods_and_reached_by_its_service() -> None:
+    ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    objects = workloads({"gateway_cluster_ip": "10.96.0.11", "gateway_trusted_ca": ca})
+    service = named(objects, "Service", "warren-gateway")
+    assert service["spec"]["clusterIP"] == "10.96.0.11"
+    assert service["spec"]["ports"] == [{"name": "gateway", "port": 8090, "targetPort": "gateway"}]
+    assert named(objects, "ConfigMap", "warren-gateway-ca")["data"] == {"ca.crt": ca}
+    (control,) = named(objects, "Deployment", "warren-control")["spec"]["template"]["spec"]["containers"]
+    assert {
+        "--secrets-key-file=/etc/warren/secrets/key",
+        "--gateway-url=http://warren-gateway.warren-system.svc:8090",
+        "--gateway-ca-file=/etc/warren/gateway-ca/ca.crt",
+    } <= set(control["args"])
+    # Off: no gateway, nothing of it in the control pods, secrets refused by the API.
+    off = workloads({"gateway": False})
+    assert not [o for o in off if o["metadata"]["name"] in {"warren-gateway", "warren-gateway-ca"}]
+    (control,) = named(off, "Deployment", "warren-control")["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in control["args"] if "gateway" in a or "secrets" in a]

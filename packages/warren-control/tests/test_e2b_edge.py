@@ -33,7 +33,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 import pytest
 from api_stack import STAMP_KEY, Stack, StandIn
-from cryptography.hazmat.primitives.asymmetric import ec
 from e2b import Sandbox
 from test_e2b_api import (  # noqa: F401 (fixtures, used by name)
     agent_binary,
@@ -41,7 +40,7 @@ from test_e2b_api import (  # noqa: F401 (fixtures, used by name)
     new_org,
     run_pod,
 )
-from testpki import issue, new_ca, write_key, write_pem
+from warren_common import pki as pki_files
 from warren_common.testing import free_port
 from warren_control import cli
 from warren_control.podspec import AGENT_PORT
@@ -91,16 +90,19 @@ class Pki:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    root = tmp_path_factory.mktemp("pki")
-    ca_key, ca = new_ca("Warren test CA")
-    _, stranger = new_ca("Some other CA")
-    key, leaf = issue(ca_key, ca, [f"*.{DOMAIN}"])
-    paths = Pki(root / "ca.pem", root / "edge.pem", root / "edge.key", root / "stranger-ca.pem")
-    write_pem(paths.ca, ca)
-    write_pem(paths.stranger_ca, stranger)
-    write_pem(paths.cert, leaf)
-    write_key(paths.key, key)
-    return paths
+    made = pki_files.Pki(tmp_path_factory.mktemp("pki"))
+    made.ensure_ca("ca", "Warren test CA")
+    made.ensure_ca("stranger-ca", "Some other CA")
+    wildcard = f"*.{DOMAIN}"
+    made.ensure_leaf(
+        pki_files.Leaf("edge", "ca", wildcard, usages=(pki_files.SERVER,), dns_names=(wildcard,))
+    )
+    return Pki(
+        made.path("ca", "crt"),
+        made.path("edge", "crt"),
+        made.path("edge", "key"),
+        made.path("stranger-ca", "crt"),
+    )
 
 
 # --- the edge with TLS, as the operator runs it ---------------------------------------------------
@@ -398,7 +400,7 @@ def test_tls_flags_are_checked_before_anything_starts(
     monkeypatch.chdir(tmp_path)
     for name, source in {"edge.pem": pki.cert, "edge.key": pki.key}.items():
         (tmp_path / name).write_bytes(source.read_bytes())
-    write_key(tmp_path / "other.key", ec.generate_private_key(ec.SECP256R1()))
+    pki_files.Pki(tmp_path).ensure_keypair("other")  # other.key: fits no certificate here
     role = [] if "--role" in flags else ["--role", "edge"]
     # No database, no stamp key: the TLS flags are refused before either is looked for.
     monkeypatch.delenv("WARREN_DATABASE_URL", raising=False)

@@ -27,7 +27,7 @@ import pytest
 from api_stack import Stack, StandIn, serve_stack
 from localservers import serve_asgi
 from sqlalchemy import select
-from testpki import issue, new_ca, write_key, write_pem
+from warren_common import pki as pki_files
 from warren_control.gateway import Gateway, Redactor, make_gateway, tls_context
 from warren_control.models import Sandbox, SandboxPhase, SecretUse
 from warren_control.sdk import WarrenError
@@ -94,12 +94,11 @@ class Pki:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    root = tmp_path_factory.mktemp("gateway-pki")
-    ca_key, ca = new_ca("Warren gateway test CA")
-    key, cert = issue(ca_key, ca, ["localhost"], ["127.0.0.1"])
-    return Pki(
-        write_pem(root / "ca.pem", ca), write_pem(root / "host.pem", cert), write_key(root / "host.key", key)
-    )
+    made = pki_files.Pki(tmp_path_factory.mktemp("gateway-pki"))
+    made.ensure_ca("ca", "Warren gateway test CA")
+    host = pki_files.Leaf("host", "ca", "localhost", (), (pki_files.SERVER,), ("localhost",), ("127.0.0.1",))
+    made.ensure_leaf(host)
+    return Pki(made.path("ca", "crt"), made.path("host", "crt"), made.path("host", "key"))
 
 
 @pytest.fixture(scope="module")

@@ -315,6 +315,7 @@ class LocalNode:
             "gvisor_kubectl": str(pki.bin_dir / "kubectl"),
             "egress_floor_table": FLOOR_TABLE,
             "egress_floor_dns_ip": ctx.config.dns_ip,
+            "egress_floor_gateway_ip": ctx.config.gateway_ip,
             "egress_floor_node_addresses": self._closed_addresses(ctx),
             "egress_floor_api_addresses": [self.seat.api_address if self.seat else ctx.advertise_address],
             "egress_floor_config_dir": str(layout.floor_dir),

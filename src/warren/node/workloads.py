@@ -57,6 +57,9 @@ def for_local_node(config: WarrenConfig, state: Path, held: dict[str, str]) -> W
         cluster = config.cluster
         first = first_node_name(config) if cluster.node.enabled or not cluster.joined_nodes else None
         updates["stores_node_selector"] = {"kubernetes.io/hostname": first or cluster.joined_nodes[0].name}
+    if "gateway_cluster_ip" not in explicit:
+        # This node's egress floor lets sandboxes reach the gateway at this address only.
+        updates["gateway_cluster_ip"] = config.cluster.gateway_ip
     if "image_pull_policy" not in explicit:
         updates["image_pull_policy"] = "Never"  # no registry here: a missing image must say so
     if "image_digests" not in explicit:

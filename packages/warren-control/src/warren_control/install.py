@@ -3,7 +3,8 @@ rendered install Job in warren-system, so that no secret value is ever in render
 the repository or the bundle.
 
 1. The Secrets that are missing (an existing one is never replaced: rotation is its own act):
-   warren-stamp-key (the edge's identity stamp key), warren-blockd-bind (the token of the
+   warren-stamp-key (the edge's identity stamp key), warren-secrets-key (what organization
+   secrets are sealed under, vault.py), warren-blockd-bind (the token of the
    workspace daemons' bind API, which the controller calls at a claim); with embedded stores also
    warren-postgres (the superuser's password), warren-database (its URL) and
    warren-object-store (S3 credentials, and SeaweedFS's identity file). With external
@@ -118,6 +119,11 @@ def make_secrets(kube: Kube, plan: Plan, say: Callable[[str], None]) -> None:
         say,
         "warren-stamp-key",
         ensure_secret(kube, ns, "warren-stamp-key", lambda: {"key": secrets.token_hex(32)}),
+    )
+    _report(
+        say,
+        "warren-secrets-key",
+        ensure_secret(kube, ns, "warren-secrets-key", lambda: {"key": secrets.token_hex(32)}),
     )
     _report(
         say,
