@@ -13,13 +13,18 @@ bin_dir=$(tools/build-cluster-binaries.sh)
 export WARREN_BIN_DIR=$bin_dir PATH=$bin_dir:$PATH
 WARREN_HOME=$(mktemp -d "${TMPDIR:-/tmp}/warren-cluster-tier.XXXXXX")
 export WARREN_HOME
-export WARREN_TEST_CONFIG=$PWD/tests/cluster/warren-test.yaml
+# The egress gateway's tests: a throw-away CA, and the tier's configuration with the
+# gateway trusting it (services.gateway_trusted_ca) for the HTTPS test hosts it signs.
+gateway_ca=$(mktemp -d "${TMPDIR:-/tmp}/warren-gateway-ca.XXXXXX")
+"$venv/python" tests/cluster/with_gateway_ca.py tests/cluster/warren-test.yaml "$gateway_ca" "$gateway_ca/warren-test.yaml"
+export WARREN_TEST_CONFIG=$gateway_ca/warren-test.yaml
 results=$PWD/test-results
 mkdir -p "$results"
 
 cleanup() {
   "$venv/warren" cluster down --wipe --config "$WARREN_TEST_CONFIG" || true
   rm -rf --one-file-system "$WARREN_HOME"  # never through a mount that survived
+  rm -rf "$gateway_ca"
 }
 trap cleanup EXIT
 
@@ -42,7 +47,7 @@ image=$("$venv/python" -c 'from warren.node.images import busybox_image; print(b
   --config "$WARREN_TEST_CONFIG" --junitxml "$results/conformance.xml" \
   --runtime-tests --egress-test-hosts local --image "$image" \
   --pod-security-fixtures "$(tools/pod-security-fixtures.sh)" \
-  --api-url "$(cat "$records/url")" --api-key-file "$records/api-key"
+  --api-url "$(cat "$records/url")" --api-key-file "$records/api-key" --gateway-test-ca "$gateway_ca"
 # Warren's services as workloads: rolled out, leader elected, Secrets on the cluster only,
 # nothing of Warren's on the host outside a pod; warren-blockd rolled under writing sandboxes.
 # --durations: the slowest tests, for keeping the tier's time in check.

@@ -327,7 +327,8 @@ def test_identity_binding_revocation_rotation_and_budget(
         assert sandbox.get(url).status_code == 200
         owner.client.revoke_secret("model")
         revoked = sandbox.get(url)
-        assert (revoked.status_code, revoked.json()["error"]) == (404, "no_secret")
+        assert (revoked.status_code, revoked.json()["error"]) == (403, "revoked")
+        assert [u["outcome"] for u in owner.client.secret_uses("model")][:2] == ["revoked", "sent"]
         stopped_after = len(model_api.seen)
         with secrets_stack.sessions.begin() as session:  # a stopped sandbox's address is no one's
             record = session.get(Sandbox, bound.id)
@@ -346,7 +347,7 @@ def test_identity_binding_revocation_rotation_and_budget(
                 select(SecretUse).where(SecretUse.org_id == owner.id).order_by(SecretUse.id)
             )
         ]
-    assert outcomes == ["not_bound", "sent", "sent", "sent", "over_budget", "sent", "no_secret"]
+    assert outcomes == ["not_bound", "sent", "sent", "sent", "over_budget", "sent", "revoked"]
     with secrets_stack.sessions() as session:  # the other organization's attempt is its own record
         theirs = session.scalars(select(SecretUse).where(SecretUse.org_id == other.id)).all()
     assert [u.outcome for u in theirs] == ["no_secret"] and theirs[0].secret_id is None

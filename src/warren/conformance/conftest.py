@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -129,3 +130,28 @@ def runc_class(api: client.ApiClient) -> Iterator[str]:
     )
     yield name
     node.delete_runtime_class(name)
+
+
+@pytest.fixture(scope="session")
+def image(request: pytest.FixtureRequest) -> str:
+    """The busybox image the tiers that start pods run."""
+    return str(request.config.getoption("--image"))
+
+
+@pytest.fixture(scope="session")
+def platform(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The installed platform through its API (--api-url, --api-key-file): the SDK's client."""
+    url = request.config.getoption("--api-url")
+    key_file: Path | None = request.config.getoption("--api-key-file")
+    if not url or key_file is None:
+        pytest.skip("the platform tier needs --api-url and --api-key-file (an installed platform and a key)")
+    try:
+        from warren_control.sdk import Client
+    except ImportError:
+        pytest.skip(
+            "the platform tier needs warren-control's SDK in this environment (pip install warren-control)"
+        )
+    if not key_file.is_file():
+        raise pytest.UsageError(f"--api-key-file {key_file} does not exist")
+    with Client(url, key_file.read_text().strip(), timeout=60.0) as client:
+        yield client

@@ -46,6 +46,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the platform tier: a file holding an API key of that platform",
     )
     group.addoption(
+        "--gateway-test-ca",
+        type=Path,
+        default=None,
+        help="the egress gateway's tests: a directory with ca.crt and ca.key, the CA the platform's "
+        "gateway trusts (services.gateway_trusted_ca); they need --egress-test-hosts local and the "
+        "platform tier's options too",
+    )
+    group.addoption(
         "--egress-test-hosts",
         choices=["none", "local"],
         default="none",

@@ -52,11 +52,6 @@ def hosts() -> Iterator[dict[str, ProbeHost]]:
 
 
 @pytest.fixture(scope="module")
-def image(request: pytest.FixtureRequest) -> str:
-    return str(request.config.getoption("--image"))
-
-
-@pytest.fixture(scope="module")
 def nodes(core: client.CoreV1Api) -> list[str]:
     """Every Ready, schedulable node."""
     ready = ready_nodes(core)

@@ -8,36 +8,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 WAIT_S = 400.0  # a cold gVisor start on a busy two-core machine
 FILE = "/workspace/conformance.txt"
-
-
-@pytest.fixture(scope="module")
-def platform(request: pytest.FixtureRequest) -> Iterator[Any]:
-    url = request.config.getoption("--api-url")
-    key_file: Path | None = request.config.getoption("--api-key-file")
-    if not url or key_file is None:
-        pytest.skip("the platform tier needs --api-url and --api-key-file (an installed platform and a key)")
-    try:
-        from warren_control.sdk import Client
-    except ImportError:
-        pytest.skip(
-            "the platform tier needs warren-control's SDK in this environment (pip install warren-control)"
-        )
-    if not key_file.is_file():
-        raise pytest.UsageError(f"--api-key-file {key_file} does not exist")
-    with Client(url, key_file.read_text().strip(), timeout=60.0) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def image(request: pytest.FixtureRequest) -> str:
-    return str(request.config.getoption("--image"))
 
 
 @pytest.fixture(scope="module")

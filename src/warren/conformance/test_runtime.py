@@ -22,11 +22,6 @@ def _wanted(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture(scope="module")
-def image(request: pytest.FixtureRequest) -> str:
-    return str(request.config.getoption("--image"))
-
-
-@pytest.fixture(scope="module")
 def sandbox_home(warren_config: WarrenConfig) -> str:
     """The installation's own default sandbox namespace: where users' sandboxes run."""
     return warren_config.isolation.default_namespace

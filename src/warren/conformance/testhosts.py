@@ -1,8 +1,10 @@
-"""Test hosts for the egress tests: one network namespace per address, on this machine.
+"""Test hosts for the egress and gateway tests: one network namespace per address, on this
+machine.
 
-Each host answers HTTP on its address with a line naming itself. It is created, with the
-route to it, before any probe; if it cannot be created the test fails rather than probe
-an address that nothing local owns.
+Each host answers HTTP on its address with a line naming itself, or, made with a certificate,
+HTTPS with what it received (and keeps a line of JSON for each request in its log). It is
+created, with the route to it, before any probe; if it cannot be created the test fails
+rather than probe an address that nothing local owns.
 """
 
 from __future__ import annotations
@@ -27,6 +29,26 @@ SERVER = (  # plain TCPServer: HTTPServer would look its own address up in DNS f
     "    def log_message(self, *a): pass\n"
     "socketserver.TCPServer.allow_reuse_address = True\n"
     "socketserver.TCPServer((sys.argv[1], int(sys.argv[2])), H).serve_forever()\n"
+)
+# An HTTPS host that answers with what it received: ADDRESS PORT LOG CERT KEY.
+ECHO_SERVER = (
+    "import http.server, json, socketserver, ssl, sys\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def _echo(self):\n"
+    "        size = int(self.headers.get('Content-Length') or 0)\n"
+    "        seen = {'method': self.command, 'path': self.path, 'headers': dict(self.headers),\n"
+    "                'body': self.rfile.read(size).decode(errors='replace')}\n"
+    "        with open(sys.argv[3], 'a') as log: log.write(json.dumps(seen) + '\\n')\n"
+    "        body = json.dumps(seen).encode()\n"
+    "        self.send_response(200); self.send_header('Content-Type', 'application/json')\n"
+    "        self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)\n"
+    "    do_GET = do_POST = _echo\n"
+    "    def log_message(self, *a): pass\n"
+    "socketserver.ThreadingTCPServer.allow_reuse_address = True\n"
+    "server = socketserver.ThreadingTCPServer((sys.argv[1], int(sys.argv[2])), H)\n"
+    "tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); tls.load_cert_chain(sys.argv[4], sys.argv[5])\n"
+    "server.socket = tls.wrap_socket(server.socket, server_side=True)\n"
+    "server.serve_forever()\n"
 )
 
 
@@ -59,18 +81,34 @@ class ProbeHost:
     netns: str
     host_link: str
     server: subprocess.Popen[bytes] | None = None
+    port: int = PORT
+    log: Path | None = None  # an HTTPS echo host's requests, a JSON line each
 
     @property
     def url(self) -> str:
         return f"http://{self.address}:{PORT}/"
 
+    def seen(self) -> list[dict[str, object]]:
+        """What an HTTPS echo host received, oldest first."""
+        if self.log is None or not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
     @classmethod
-    def create(cls, address: str) -> ProbeHost:
+    def create(cls, address: str, tls: tuple[Path, Path, Path] | None = None) -> ProbeHost:
+        """A host at `address`; with `tls` (certificate, key, log), an HTTPS echo host on 443."""
         clash = covered_by_a_route(address)
         if clash:
             raise RuntimeError(f"test host {address} would sit on {clash}, a network this machine routes")
         tag = uuid.uuid4().hex[:6]
         host = cls(address=address, netns=f"warren-th-{tag}", host_link=f"wth{tag}h")
+        if tls is not None:
+            host.port, host.log = 443, tls[2]
+        serve = (
+            [SERVER, address, str(PORT)]
+            if tls is None
+            else [ECHO_SERVER, address, "443", str(tls[2]), str(tls[0]), str(tls[1])]
+        )
         peer = f"wth{tag}n"
         try:
             _ip("netns", "add", host.netns)
@@ -85,7 +123,7 @@ class ProbeHost:
             Path(f"/proc/sys/net/ipv4/conf/{host.host_link}/proxy_arp").write_text("1")
             _ip("route", "add", f"{address}/32", "dev", host.host_link)
             host.server = subprocess.Popen(
-                ["ip", "netns", "exec", host.netns, sys.executable, "-c", SERVER, address, str(PORT)],
+                ["ip", "netns", "exec", host.netns, sys.executable, "-c", *serve],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -103,7 +141,7 @@ class ProbeHost:
             self.netns,
             sys.executable,
             "-c",
-            f"import urllib.request; urllib.request.urlopen('{self.url}', timeout=1).read()",
+            f"import socket; socket.create_connection(('{self.address}', {self.port}), timeout=1).close()",
         ]
         for _ in range(50):
             if subprocess.run(probe, capture_output=True, check=False).returncode == 0:

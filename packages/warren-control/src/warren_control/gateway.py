@@ -239,10 +239,12 @@ class Gateway:
         self, caller: Caller, name: str, authority: str, path: str, use: Use
     ) -> tuple[Secret, str, Destination]:
         with self.sessions.begin() as session:
-            secret = secret_records.live(session, caller.org_id, name)
+            secret = secret_records.named(session, caller.org_id, name)
             if secret is None:
                 raise Refused(404, "no_secret", f"no secret {name!r} in this sandbox's organization")
             use.secret_id = secret.id
+            if secret.revoked_at is not None:
+                raise Refused(403, "revoked", f"secret {name!r} was revoked")
             if secret.id not in caller.secret_ids:
                 raise Refused(403, "not_bound", f"this sandbox is not bound to secret {name!r}")
             destination = next(
@@ -329,7 +331,7 @@ class Gateway:
     def _audit(self, use: Use) -> None:
         if use.secret_id is None and use.secret_name:
             with self.sessions() as session:
-                named = secret_records.live(session, use.org_id, use.secret_name[:63])
+                named = secret_records.named(session, use.org_id, use.secret_name[:63])
                 use.secret_id = named.id if named is not None else None
         record = SecretUse(
             org_id=use.org_id,

@@ -45,6 +45,16 @@ def live(session: Session, org_id: str, name: str) -> Secret | None:
     ).one_or_none()
 
 
+def named(session: Session, org_id: str, name: str) -> Secret | None:
+    """The organization's secret of that name: the live one, else the newest revoked one."""
+    return session.scalars(
+        select(Secret)
+        .where(Secret.org_id == org_id, Secret.name == name)
+        .order_by(Secret.revoked_at.is_not(None), Secret.created_at.desc())
+        .limit(1)
+    ).one_or_none()
+
+
 def create(
     session: Session,
     box: SecretBox,

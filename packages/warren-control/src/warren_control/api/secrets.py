@@ -182,11 +182,13 @@ def revoke_secret(name: str, who: Who, api: Api) -> Response:
     "/secrets/{name}/uses",
     response_model=SecretUseListOut,
     responses=error_responses(401, 404),
-    summary="The audit of a secret: every request a sandbox sent with it, or tried to, newest first",
+    summary="The audit of a secret (a revoked one's too): every request a sandbox sent with it, or tried to",
 )
 def secret_uses(name: str, who: Who, api: Api, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Response:
     with api.sessions.begin() as session:
-        secret = _found(session, who.org, name)
+        secret = secret_records.named(session, who.org, name)  # a revoked one's audit stays readable
+        if secret is None:
+            raise ApiError(404, "not_found", f"no secret {name[:64]!r}")
         items = [
             {
                 "secret_id": u.secret_id,
