@@ -313,18 +313,31 @@ def sandbox(args: tuple[str, ...]) -> None:
     """Sandboxes through the API: create, get, list, delete, fork, exec, stop, start, read-file,
     write-file, keepalive (`warren sandbox --help`). Talks to --url / WARREN_URL with --api-key /
     WARREN_API_KEY, by default the control plane deployed here."""
+    _through_control("sandbox", args)
+
+
+@main.command(context_settings=PASS_THROUGH)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def secret(args: tuple[str, ...]) -> None:
+    """The organization's secrets, which the egress gateway adds to sandboxes' requests:
+    create, update, list, get, revoke, uses (`warren secret --help`; docs/secrets.md). Values
+    go in, never out. The same API as `warren sandbox`."""
+    _through_control("secret", args)
+
+
+def _through_control(command: str, args: tuple[str, ...]) -> None:
+    """`warren-control COMMAND ARGS`, with the control plane deployed here as the default."""
     try:
         from warren_control import cli as control_cli
     except ImportError:
         raise click.ClickException("warren-control is not installed here: run `make venv`") from None
     from warren.controlplane.local import local_api_key, local_url
 
-    # The same commands as `warren-control sandbox`; only the fallbacks are added here.
     state = paths.cluster_state_dir()
     for variable, fallback in (("WARREN_URL", local_url), ("WARREN_API_KEY", local_api_key)):
         if not os.environ.get(variable) and (found := fallback(state)):
             os.environ[variable] = found
-    sys.exit(control_cli.main(["sandbox", *args]))
+    sys.exit(control_cli.main([command, *args]))
 
 
 # -- render / apply ----------------------------------------------------------------------

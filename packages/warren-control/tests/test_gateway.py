@@ -12,6 +12,7 @@ not any answer of the gateway."""
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import ssl
@@ -28,6 +29,7 @@ from api_stack import Stack, StandIn, serve_stack
 from localservers import serve_asgi
 from sqlalchemy import select
 from warren_common import pki as pki_files
+from warren_control import cli
 from warren_control.gateway import Gateway, Redactor, make_gateway, tls_context
 from warren_control.models import Sandbox, SandboxPhase, SecretUse
 from warren_control.sdk import WarrenError
@@ -351,6 +353,28 @@ def test_identity_binding_revocation_rotation_and_budget(
     with secrets_stack.sessions() as session:  # the other organization's attempt is its own record
         theirs = session.scalars(select(SecretUse).where(SecretUse.org_id == other.id)).all()
     assert [u.outcome for u in theirs] == ["no_secret"] and theirs[0].secret_id is None
+
+
+def test_the_cli_reads_the_value_from_stdin_and_never_prints_it(
+    secrets_stack: Stack, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    org = secrets_stack.org()
+    monkeypatch.setenv("WARREN_URL", secrets_stack.edge)
+    monkeypatch.setenv("WARREN_API_KEY", org.token)
+    monkeypatch.setattr("sys.stdin", io.StringIO(VALUE + "\n"))
+    made = ["secret", "create", "model", "--destination", "https://models.example/v1", "--env", "MODEL_KEY"]
+    assert cli.main([*made, "--budget-requests", "5"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["budget"] == {"requests": 5, "bytes": None, "period_s": 3600} and shown["env"] == "MODEL_KEY"
+    monkeypatch.setattr("sys.stdin", io.StringIO("sk-rotated-0123456789\n"))
+    assert cli.main(["secret", "update", "model", "--rotate"]) == 0
+    assert json.loads(capsys.readouterr().out)["version"] == 2
+    assert cli.main(["secret", "revoke", "model"]) == 0
+    assert cli.main(["secret", "get", "model"]) == 1
+    assert "no secret 'model'" in capsys.readouterr().err
+    assert cli.main(["secret", "uses", "model"]) == 0  # a revoked secret's audit: empty, not gone
+    everything = capsys.readouterr()
+    assert VALUE not in everything.out + everything.err
 
 
 def test_without_a_gateway_secrets_are_refused(stack: Stack) -> None:
