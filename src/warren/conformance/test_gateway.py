@@ -18,6 +18,7 @@ Needs --gateway-test-ca (the CA the deployed gateway trusts, services.gateway_tr
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from warren.conformance.kube import exec_in
+from warren.conformance.kube import exec_in, ready_nodes
 from warren.conformance.testhosts import ProbeHost
 
 MODEL_HOST = "203.0.113.20"  # TEST-NET-3: a public address, as a model API's would be
@@ -191,6 +192,42 @@ def test_spoofed_hosts_absolute_urls_and_other_paths_send_the_key_nowhere_else(
     assert paths == ["/v1/spoofed", "/v1/absolute"]
     assert all(s["headers"]["Host"] == MODEL_HOST for s in hosts["model"].seen())
     assert not hosts["elsewhere"].seen()  # nothing ever reached it
+
+
+def test_a_sandbox_on_every_node_reaches_the_gateway(
+    platform: Any,
+    image: str,
+    made: list[tuple[Any, str]],
+    hosts: dict[str, ProbeHost],
+    core: client.CoreV1Api,
+) -> None:
+    """Each node's own egress floor lets its sandboxes reach the gateway (and the gateway
+    knows them by their pods' addresses there): one sandbox on each Ready node, placed by
+    leaving only that node schedulable while it is made."""
+    nodes = ready_nodes(core)
+    name = "conformance-nodes-" + uuid.uuid4().hex[:8]
+    platform.create_secret(name, VALUE, [f"https://{MODEL_HOST}/v1"])
+    try:
+        for node in nodes:
+            with only_schedulable(core, node, nodes):
+                box = _sandbox(platform, image, made, [name])
+            before = len(hosts["model"].seen())
+            assert "200 OK" in wget(platform, box, f"{name}/{MODEL_HOST}/v1/node"), node
+            assert hosts["model"].seen()[before]["headers"]["Authorization"] == f"Bearer {VALUE}", node
+    finally:
+        platform.revoke_secret(name)
+
+
+@contextlib.contextmanager
+def only_schedulable(core: client.CoreV1Api, node: str, nodes: list[str]) -> Iterator[None]:
+    others = [n for n in nodes if n != node]
+    for other in others:
+        core.patch_node(other, {"spec": {"unschedulable": True}})
+    try:
+        yield
+    finally:
+        for other in others:
+            core.patch_node(other, {"spec": {"unschedulable": False}})
 
 
 def test_only_bound_sandboxes_of_its_organization_use_it_and_revocation_stops_it_at_once(
