@@ -755,7 +755,7 @@ def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command 
 
     def action(name: str, handler: Callable[[Client, argparse.Namespace], int], help_text: str) -> Any:
         parser = actions.add_parser(name, help=help_text)
-        parser.set_defaults(sandbox_handler=handler)
+        parser.set_defaults(api_handler=handler)
         return parser
 
     def with_wait(parser: Any) -> None:
@@ -825,7 +825,7 @@ def _sandbox_parser(commands: Any) -> None:  # noqa: PLR0915 (the whole command 
         "workspace", sandbox_workspace, "what object storage proves about a sandbox's workspace (JSON)"
     ).add_argument("id")
 
-    sandbox.set_defaults(handler=cmd_sandbox)
+    sandbox.set_defaults(handler=cmd_through_api)
 
 
 def _secret_parser(commands: Any) -> None:
@@ -859,13 +859,13 @@ def _secret_parser(commands: Any) -> None:
     create.add_argument("name")
     create.add_argument("--env", help="the variable a sandbox bound to it holds a placeholder in")
     how(create)
-    create.set_defaults(secret_handler=secret_create)
+    create.set_defaults(api_handler=secret_create)
     rotate = actions.add_parser("update", help="rotate its value (--rotate) or change where and how it goes")
     rotate.add_argument("name")
     rotate.add_argument("--rotate", action="store_true", help="a new value, from --value-file or stdin")
     how(rotate)
-    rotate.set_defaults(secret_handler=secret_update)
-    actions.add_parser("list", help="the live secrets").set_defaults(secret_handler=secret_list)
+    rotate.set_defaults(api_handler=secret_update)
+    actions.add_parser("list", help="the live secrets").set_defaults(api_handler=secret_list)
     for name, handler, text in (
         ("get", secret_get, "one secret, without its value"),
         ("revoke", secret_revoke, "revoke it: the next request that would carry it is refused"),
@@ -873,8 +873,8 @@ def _secret_parser(commands: Any) -> None:
     ):
         one = actions.add_parser(name, help=text)
         one.add_argument("name")
-        one.set_defaults(secret_handler=handler)
-    secret.set_defaults(handler=cmd_secret)
+        one.set_defaults(api_handler=handler)
+    secret.set_defaults(handler=cmd_through_api)
 
 
 def _secret_value(args: argparse.Namespace) -> str:
@@ -944,20 +944,11 @@ def secret_uses(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_secret(args: argparse.Namespace) -> int:
+def cmd_through_api(args: argparse.Namespace) -> int:
+    """A sandbox or secret command: its handler with an SDK client of the edge."""
     with _client(args) as client:
         try:
-            code: int = args.secret_handler(client, args)
-        except WarrenError as exc:
-            print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
-            return 1
-    return code
-
-
-def cmd_sandbox(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        try:
-            code: int = args.sandbox_handler(client, args)
+            code: int = args.api_handler(client, args)
         except WarrenError as exc:
             print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
             return 1
