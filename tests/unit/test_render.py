@@ -146,11 +146,11 @@ def test_egress_floor_blocks_every_private_range(objects: list[Obj]) -> None:
     assert spec["podSelector"] == {} and spec["policyTypes"] == ["Egress"]
     dns, gateway, public = spec["egress"]
     assert {p["port"] for p in dns["ports"]} == {53}
-    # Warren's egress gateway: the control pods, on its port only.
+    # Warren's egress gateway: its pods, on its port only.
     assert gateway["ports"] == [{"protocol": "TCP", "port": 8090}]
     (peer,) = gateway["to"]
     assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "warren-system"}
-    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "warren-control"}
+    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "warren-gateway"}
     v4, v6 = (peer["ipBlock"] for peer in public["to"])
     assert v4["cidr"] == "0.0.0.0/0" and v6["cidr"] == "::/0"
     for cidr in (

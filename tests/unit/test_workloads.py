@@ -74,17 +74,14 @@ def test_every_pod_template_selects_its_own_labels() -> None:
             wanted = obj["spec"]["selector"]["matchLabels"]
             labels = obj["spec"]["template"]["metadata"]["labels"]
             assert wanted.items() <= labels.items(), obj["metadata"]["name"]
-        if obj["kind"] == "Service":  # exactly one workload's pods, the one it is named for or the gateway's
+        if obj["kind"] == "Service":  # exactly one workload's pods: the one it is named for
             targets = [
                 o["metadata"]["name"]
                 for o in workloads()
-                if o["kind"] in {"Deployment", "StatefulSet"}
+                if o["kind"] in {"Deployment", "StatefulSet", "DaemonSet"}
                 and obj["spec"]["selector"].items() <= o["spec"]["template"]["metadata"]["labels"].items()
             ]
-            wanted_target = (
-                "warren-control" if obj["metadata"]["name"] == "warren-gateway" else obj["metadata"]["name"]
-            )
-            assert targets == [wanted_target], obj["metadata"]["name"]
+            assert targets == [obj["metadata"]["name"]]
 
 
 def test_images_and_replicas_come_from_the_configuration() -> None:
@@ -332,21 +329,39 @@ def test_a_pool_per_configured_template_and_the_control_plane_names_it() -> None
         parse_config({"services": {"pools": {"base": {"size": -1}}}})
 
 
-def test_the_egress_gateway_is_served_by_the_control_pods_and_reached_by_its_service() -> None:
+def test_the_egress_gateway_runs_on_every_sandbox_node_and_keeps_traffic_there() -> None:
     ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
-    objects = workloads({"gateway_cluster_ip": "10.96.0.11", "gateway_trusted_ca": ca})
+    selector = {"warren.dev/sandboxes": "true"}
+    objects = workloads(
+        {"gateway_cluster_ip": "10.96.0.11", "gateway_trusted_ca": ca, "sandbox_node_selector": selector}
+    )
     service = named(objects, "Service", "warren-gateway")
     assert service["spec"]["clusterIP"] == "10.96.0.11"
+    # On the sandbox's own node: the gateway sees the pod's own address, never a node's.
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
     assert service["spec"]["ports"] == [{"name": "gateway", "port": 8090, "targetPort": "gateway"}]
     assert named(objects, "ConfigMap", "warren-gateway-ca")["data"] == {"ca.crt": ca}
+    gateway = named(objects, "DaemonSet", "warren-gateway")["spec"]["template"]["spec"]
+    assert gateway["nodeSelector"] == selector and gateway["serviceAccountName"] == "warren-gateway"
+    (container,) = gateway["containers"]
+    assert {
+        "--role=gateway",
+        "--port=8090",
+        "--secrets-key-file=/etc/warren/secrets/key",
+        "--gateway-ca-file=/etc/warren/gateway-ca/ca.crt",
+    } <= set(container["args"])
+    assert {
+        "name": "WARREN_GATEWAY_NODE",
+        "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+    } in container["env"]
     (control,) = named(objects, "Deployment", "warren-control")["spec"]["template"]["spec"]["containers"]
     assert {
         "--secrets-key-file=/etc/warren/secrets/key",
         "--gateway-url=http://warren-gateway.warren-system.svc:8090",
-        "--gateway-ca-file=/etc/warren/gateway-ca/ca.crt",
     } <= set(control["args"])
     # Off: no gateway, nothing of it in the control pods, secrets refused by the API.
     off = workloads({"gateway": False})
-    assert not [o for o in off if o["metadata"]["name"] in {"warren-gateway", "warren-gateway-ca"}]
+    gone = {"DaemonSet", "Service", "ConfigMap"}
+    assert not [o for o in off if o["kind"] in gone and o["metadata"]["name"].startswith("warren-gateway")]
     (control,) = named(off, "Deployment", "warren-control")["spec"]["template"]["spec"]["containers"]
     assert not [a for a in control["args"] if "gateway" in a or "secrets" in a]

@@ -170,14 +170,16 @@ def test_spoofed_hosts_absolute_urls_and_other_paths_send_the_key_nowhere_else(
     )
     assert "200 OK" in absolute, absolute
     refused = {
-        f"{secret}/{ELSEWHERE}/v1/x": "403",  # not a destination of the secret
-        f"{secret}/{MODEL_HOST}/admin": "403",  # outside its prefix
-        f"{secret}/{MODEL_HOST}/v1/%2e%2e/admin": "400",  # climbing out, escaped
-        f"{secret}/{MODEL_HOST}@{ELSEWHERE}/v1/x": "400",
+        f"{secret}/{ELSEWHERE}/v1/x": ("403",),  # not a destination of the secret
+        f"{secret}/{MODEL_HOST}/admin": ("403",),  # outside its prefix
+        # Climbing out, escaped: refused as it is (400), or outside the prefix once the
+        # client itself resolved it (busybox wget does: 403).
+        f"{secret}/{MODEL_HOST}/v1/%2e%2e/admin": ("400", "403"),
+        f"{secret}/{MODEL_HOST}@{ELSEWHERE}/v1/x": ("400",),
     }
-    for target, status in refused.items():
+    for target, statuses in refused.items():
         answer = wget(platform, bound, target)
-        assert f"HTTP/1.1 {status}" in answer, (target, answer)
+        assert any(f"HTTP/1.1 {status}" in answer for status in statuses), (target, answer)
     # A tunnel, to do TLS of its own past the gateway: refused (the HTTP server refuses the
     # authority form itself; the gateway refuses any other CONNECT).
     connect = sh(

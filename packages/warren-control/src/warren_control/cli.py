@@ -159,7 +159,8 @@ def _background(args: argparse.Namespace, settings: Any, roles: Sequence[str], s
 
 
 def _gateway_app(args: argparse.Namespace, settings: Any, stop: threading.Event) -> Any:
-    """The egress gateway (gateway.py), knowing sandboxes by their pods' addresses."""
+    """The egress gateway (gateway.py), knowing sandboxes by their pods' addresses: on each
+    sandbox node, for that node's pods (its Service keeps traffic on the node)."""
     from warren_control import db
     from warren_control.gateway import Gateway, PodAddresses, make_gateway, tls_context
     from warren_control.kube import Kube
@@ -171,7 +172,7 @@ def _gateway_app(args: argparse.Namespace, settings: Any, stop: threading.Event)
         raise SystemExit(
             f"cannot use --gateway-ca-file {args.gateway_ca_file}: {exc}; give PEM certificates"
         ) from None
-    addresses = PodAddresses(Kube.connect(args.kubeconfig), settings.namespace)
+    addresses = PodAddresses(Kube.connect(args.kubeconfig), settings.namespace, node=args.gateway_node)
     addresses.run(stop)
     sessions = db.session_factory(db.make_engine(settings.database_url))
     return make_gateway(Gateway(sessions, SecretBox(settings.secrets_key), addresses, verify=verify))
@@ -367,9 +368,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 tls,
             )
         )
-        if settings.secrets_key is not None:  # the egress gateway, in every replica
-            gateway = _gateway_app(args, settings, stop)
-            servers.append(_serve_in_thread(gateway, args.host, args.gateway_port or DEFAULT_GATEWAY_PORT))
         try:
             lead_if_asked(args)
             _background(args, settings, ["mirror", "reaper"], stop)
@@ -598,14 +596,12 @@ def _serve_parser(commands: Any) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (edge, api)")
     serve.add_argument("--log-level", default="info", help="logs are JSON lines on stderr, one event each")
-    serve.add_argument("--port", type=int, help=f"port (edge {DEFAULT_EDGE_PORT}, api {DEFAULT_API_PORT})")
-    serve.add_argument("--api-port", type=int, help="with --role all: the API's loopback port")
     serve.add_argument(
-        "--gateway-port",
+        "--port",
         type=int,
-        help=f"with --role all: the egress gateway's port (default {DEFAULT_GATEWAY_PORT}; it runs where "
-        "--secrets-key-file is given)",
+        help=f"port (edge {DEFAULT_EDGE_PORT}, api {DEFAULT_API_PORT}, gateway {DEFAULT_GATEWAY_PORT})",
     )
+    serve.add_argument("--api-port", type=int, help="with --role all: the API's loopback port")
     serve.add_argument(
         "--secrets-key-file",
         help="api, gateway: the key material organization secrets are sealed under (at least 32 bytes)",
@@ -613,6 +609,11 @@ def _serve_parser(commands: Any) -> None:
     serve.add_argument(
         "--gateway-url",
         help="api: the egress gateway's URL as sandbox pods reach it (their WARREN_GATEWAY_URL)",
+    )
+    serve.add_argument(
+        "--gateway-node",
+        default=os.environ.get("WARREN_GATEWAY_NODE"),
+        help="gateway: serve only this node's sandbox pods (or WARREN_GATEWAY_NODE; default: every node's)",
     )
     serve.add_argument(
         "--gateway-ca-file",

@@ -87,16 +87,20 @@ class Caller:
 
 class PodAddresses:
     """Which Sandbox's pod holds an address, from a watch of the sandbox namespace's pods
-    (only those the controller made, running and not being deleted)."""
+    (only those the controller made, running and not being deleted; on `node` only, if
+    given: the gateway there serves that node's pods alone)."""
 
-    def __init__(self, kube: Kube, namespace: str) -> None:
+    def __init__(self, kube: Kube, namespace: str, node: str | None = None) -> None:
         self._lock = threading.Lock()
         self._by_address: dict[str, str] = {}
         self._pods: dict[str, Obj] = {}
+        query = {"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"}
+        if node:
+            query["fieldSelector"] = f"spec.nodeName={node}"
         self.informer = Informer(
             kube,
             kube.pods_path(namespace),
-            query={"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"},
+            query=query,
             on_replace=self._replace,
             on_event=self._event,
         )
