@@ -75,3 +75,17 @@ def test_the_same_node_keeps_its_hold_and_a_clean_detach_lets_go_at_once(store: 
     holder.let_go(ws, "node-a")
     assert holder.read(ws) is None
     assert holder.take(ws, "node-b", HOLD, now=2.0) == (0, None)  # nothing to fence off
+
+
+def test_a_torn_hold_record_is_fenced_off_like_a_lapsed_one(store: PolicyStore) -> None:
+    """A hold record cut off mid-upload (its node killed while renewing) names no one who can
+    still be waited for: the next node takes over behind a fence."""
+    ws = Workspace(store, "torn")
+    ws.create(1024)
+    holder.take(ws, "node-a", HOLD, now=1000.0)
+    LogLane(ws, next_seq=1).publish([(0, b"a" * BLOCK)])
+    store.put(f"{ws.prefix}holder", b'{"node": "no')
+    assert holder.read(ws) == holder.Holder(holder.TORN, 0.0, 0)
+    fence, previous = holder.take(ws, "node-b", HOLD, now=1001.0)
+    assert fence == 2 and previous is not None and previous.node == holder.TORN
+    assert holder.read(ws) == holder.Holder("node-b", 1001.0, 2)

@@ -3,6 +3,7 @@ log lane's create-only publishing that stops on split brain, and release."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,52 @@ def test_restore_is_manifest_plus_log_tail(store: PolicyStore) -> None:
     lane.publish([(5, block(3))])
     restored = Workspace(store, "w1").effective()
     assert restored.log_seq == 3 and restored.lookup(5) is not None and restored.lookup(1) == second
+
+
+def test_a_torn_newest_generation_restores_from_the_one_before(store: PolicyStore) -> None:
+    """A consolidation cut off mid-upload (its daemon killed) may leave a torn object where
+    the newest generation would be: restore reads the one before and the log after it, and
+    the next consolidation publishes the state whole after the torn one."""
+    ws = Workspace(store, "w1")
+    ws.create(1024)
+    lane = LogLane(ws, next_seq=1)
+    lane.publish([(0, block(1))])
+    ws.consolidate()
+    lane.publish([(1, block(2))])
+    whole = ws.effective()
+    store.put(ws._manifest_key(2, 2), b'{"size_blocks": 10')  # torn mid-upload
+    restored = Workspace(store, "w1").effective()
+    assert (
+        restored.log_seq == 2
+        and restored.lookup(1) == whole.lookup(1)
+        and restored.lookup(0) == whole.lookup(0)
+    )
+    again = Workspace(store, "w1").consolidate()
+    assert again.lookup(1) == whole.lookup(1)
+    assert ws._generations()[-1][0] == 3  # after the torn one, which stays until it is old
+    store.put(ws._manifest_key(4, 2), b"")  # torn with nothing new after it: published whole again
+    assert Workspace(store, "w1").consolidate().lookup(1) == whole.lookup(1)
+    assert ws._generations()[-1][0] == 5
+
+
+def test_a_torn_last_record_names_nothing_and_a_torn_one_in_the_middle_is_refused(store: PolicyStore) -> None:
+    ws = Workspace(store, "w1")
+    ws.create(1024)
+    lane = LogLane(ws, next_seq=1)
+    lane.publish([(0, block(1))])
+    store.put(f"{ws.prefix}log/{2:016d}", b'{"seq": 2, "ext')  # its writer killed mid-upload
+    restored = ws.effective()
+    assert restored.log_seq == 2 and restored.lookup(0) is not None and restored.lookup(1) is None
+    fence = {"seq": 3, "extents": [], "fence": {"node": "b", "from": "a"}}
+    store.put(f"{ws.prefix}log/{3:016d}", json.dumps(fence).encode())  # the takeover's fence
+    store.put(f"{ws.prefix}log/{4:016d}", json.dumps({"seq": 4, "extents": []}).encode())
+    assert ws.effective().log_seq == 4  # the new writer's own records after its fence
+    other = Workspace(store, "w2")
+    other.create(1024)
+    store.put(f"{other.prefix}log/{1:016d}", b"")
+    store.put(f"{other.prefix}log/{2:016d}", json.dumps({"seq": 2, "extents": []}).encode())
+    with pytest.raises(RuntimeError, match="is torn and its writer went on"):
+        other.effective()
 
 
 def test_replicated_seq_is_the_newest_record_in_storage(store: PolicyStore) -> None:

@@ -49,12 +49,19 @@ def _key(ws: Workspace) -> str:
     return f"{ws.prefix}holder"
 
 
+# Who holds a workspace whose hold record is torn (its writer killed mid-upload): a node
+# that renewed long ago, so a new holder fences it off.
+TORN = "(a torn hold record)"
+
+
 def read(ws: Workspace) -> Holder | None:
     try:
         doc = json.loads(ws.store.get(_key(ws)))
+        return Holder(str(doc["node"]), float(doc["renewed"]), int(doc["fence"]))
     except NotFoundError:
         return None
-    return Holder(str(doc["node"]), float(doc["renewed"]), int(doc["fence"]))
+    except (ValueError, KeyError, TypeError):
+        return Holder(TORN, 0.0, 0)
 
 
 def _write(ws: Workspace, holder: Holder) -> None:

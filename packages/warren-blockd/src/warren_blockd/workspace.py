@@ -14,7 +14,9 @@ are collected by gc.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +24,8 @@ from typing import Any
 from warren_blockd.blobs.policy import PolicyStore
 from warren_blockd.errors import BlobError, NotFoundError, PreconditionFailedError
 from warren_blockd.manifest import Extent, Manifest
+
+log = logging.getLogger(__name__)
 
 
 class SplitBrainError(RuntimeError):
@@ -116,16 +120,40 @@ class Workspace:
         # Only the tail is listed: restore costs the same however long the history is.
         return self.store.list(log, start_after=f"{log}{_n(log_seq)}")
 
+    def _newest_whole(self) -> tuple[int, Manifest]:
+        """(its log position, the manifest) of the newest generation that reads whole. A
+        consolidation whose writer was killed mid-upload can leave a torn object where the
+        newest generation would be; the one before it, with the log records after it (they
+        are kept), is the same state."""
+        generations = self._generations()
+        for _, log_seq, key in reversed(generations):
+            try:
+                return log_seq, self.load(key)
+            except (ValueError, KeyError, TypeError) as exc:  # not JSON, or not a manifest
+                log.warning("torn generation skipped", extra={"fields": {"key": key, "error": str(exc)}})
+        raise RuntimeError(f"{self.workspace_id}: no generation of it reads whole")
+
     def effective(self) -> Manifest:
         """Restore is a read: the newest consolidated manifest plus the log tail after it."""
-        _, log_seq, key = self._generations()[-1]
-        manifest = self.load(key)
-        seq = log_seq
+        log_seq, manifest = self._newest_whole()
+        seq, torn = log_seq, None
         for record in self._tail(log_seq):
             record_seq = int(record.rsplit("/", 1)[1])
             if record_seq != seq + 1:
                 raise RuntimeError(f"{self.workspace_id}: log gap between {seq} and {record_seq}")
-            writes = [Extent(*e) for e in json.loads(self.store.get(record))["extents"]]
+            try:
+                doc = json.loads(self.store.get(record))
+                writes = [Extent(*e) for e in doc["extents"]]
+            except (ValueError, KeyError, TypeError):
+                # Torn mid-upload: its writer was killed publishing it, so nothing it names
+                # was ever receipted. Only a takeover's fence may follow it.
+                torn, writes, doc = record, [], {}
+            if torn is not None and torn != record:
+                if "fence" not in doc:
+                    raise RuntimeError(
+                        f"{self.workspace_id}: log record {torn} is torn and its writer went on"
+                    )
+                torn = None  # fenced off: the new writer's records follow
             manifest = manifest.overlay(writes, log_seq=record_seq)
             seq = record_seq
         return manifest
@@ -146,7 +174,8 @@ class Workspace:
         generations = self._generations()
         generation, log_seq, newest_key = generations[-1]
         if not self._tail(log_seq):
-            return self.load(newest_key)  # nothing new since the last consolidation
+            with contextlib.suppress(ValueError, KeyError, TypeError):  # torn: publish it whole again
+                return self.load(newest_key)  # nothing new since the last consolidation
         manifest = self.effective()
         try:
             self._publish_generation(generation + 1, manifest.log_seq, manifest.to_bytes())
@@ -168,7 +197,10 @@ class Workspace:
 
     def _release_base(self, key: str) -> None:
         """Once flattened, a fork no longer stands on its source's generation."""
-        doc = json.loads(self.store.get(key))
+        try:
+            doc = json.loads(self.store.get(key))
+        except ValueError:
+            return  # torn (its writer killed mid-upload): a consolidation's, which names no base
         if "base" in doc:
             source, generation = doc["base"].split("/")[1], doc["base"].rsplit("/", 1)[1].partition("-")[0]
             self.store.delete(f"workspaces/{source}/refs/{generation}/{self.workspace_id}")
