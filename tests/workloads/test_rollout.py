@@ -77,6 +77,7 @@ def _secret(api: client.ApiClient, name: str) -> dict[str, str]:
 def test_the_secrets_are_made_on_the_cluster_and_rendered_nowhere(api: client.ApiClient, ready: None) -> None:
     values = [
         _secret(api, "warren-stamp-key")["key"],
+        _secret(api, "warren-secrets-key")["key"],
         _secret(api, "warren-postgres")["password"],
         _secret(api, "warren-object-store")["AWS_SECRET_ACCESS_KEY"],
         _secret(api, "warren-first-key")["key"],

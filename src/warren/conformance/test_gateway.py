@@ -265,7 +265,6 @@ def test_only_bound_sandboxes_of_its_organization_use_it_and_revocation_stops_it
         "sent",
         "not_a_destination",
         "bad_path",
-        "no_tunnel",
         "not_bound",
         "over_budget",
         "revoked",
