@@ -77,7 +77,11 @@ def test_local_on_the_local_node_renders_what_warren_apply_local_node_does(
         images, "imported", lambda bin_dir, _node: held if bin_dir == tmp_path / "bin" else {}
     )
     recorder = deploy("local")
-    (blockd,) = [r.inputs for r in recorder.resources if r.inputs.get("kind") == "DaemonSet"]
+    (blockd,) = [
+        r.inputs
+        for r in recorder.resources
+        if r.inputs.get("kind") == "DaemonSet" and r.inputs["metadata"]["name"] == "warren-blockd"
+    ]
     spec = blockd["spec"]["template"]["spec"]
     assert {
         "name": "kubelet",
