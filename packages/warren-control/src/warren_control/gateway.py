@@ -20,7 +20,7 @@ import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from sqlalchemy import select
@@ -163,7 +163,7 @@ class Use:
     outcome: str = "sent"
     bytes_sent: int = 0
     bytes_received: int = 0
-    started: float = 0.0
+    started: float = field(default_factory=time.monotonic)
 
 
 class Redactor:
@@ -207,8 +207,10 @@ class Gateway:
         except Refused as refusal:
             log.info("refused a request from %s: %s", source, refusal.message)
             return refusal.response()
-        use = Use(caller.org_id, source, f"{request.method} {path[:1024]}", sandbox_id=caller.sandbox_id)
-        use.started, use.secret_name = time.monotonic(), path.split("/")[1] if path.count("/") else None
+        named = path.split("/")[1] if path.count("/") else None
+        use = Use(
+            caller.org_id, source, f"{request.method} {path[:1024]}", caller.sandbox_id, secret_name=named
+        )
         try:
             if request.method == "CONNECT":
                 raise Refused(
@@ -347,7 +349,7 @@ class Gateway:
             outcome=use.outcome,
             bytes_sent=use.bytes_sent,
             bytes_received=use.bytes_received,
-            duration_ms=round((time.monotonic() - use.started) * 1000) if use.started else 0,
+            duration_ms=round((time.monotonic() - use.started) * 1000),
         )
         with self.sessions.begin() as session:
             session.add(record)

@@ -88,9 +88,7 @@ class Destination:
         return cls(host.lower(), port, prefix)
 
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        port = "" if self.port == 443 else f":{self.port}"  # noqa: PLR2004 (https's own port)
-        return f"https://{host}{port}{self.path_prefix}"
+        return f"https://{self.authority()}{self.path_prefix}"
 
     def authority(self) -> str:
         """HOST[:PORT] as a gateway URL names the destination."""

@@ -11,9 +11,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from warren_control import secret_records
-from warren_control.api.errors import ApiError, unsupported
+from warren_control.api.errors import ApiError
 from warren_control.api.params import Api, Who, stamped_identity
-from warren_control.api.service import ApiService
 from warren_control.api.shapes import (
     CreateSecretRequest,
     SecretListOut,
@@ -24,7 +23,7 @@ from warren_control.api.shapes import (
 )
 from warren_control.models import Secret
 from warren_control.secret_records import Budget
-from warren_control.vault import Injection, SecretBox, SecretError, placeholder
+from warren_control.vault import Injection, SecretError, placeholder
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(stamped_identity)], tags=["secrets"])
 
@@ -52,12 +51,6 @@ def public(secret: Secret) -> dict[str, Any]:
         rotated_at=secret.rotated_at,
         revoked_at=secret.revoked_at,
     ).model_dump(mode="json")
-
-
-def _box(api: ApiService) -> SecretBox:
-    if api.settings.secrets_key is None or not api.settings.gateway_url:
-        raise unsupported("secrets", "this deployment runs no egress gateway")
-    return SecretBox(api.settings.secrets_key)
 
 
 def _found(session: Session, org: str, name: str) -> Secret:
@@ -88,7 +81,7 @@ def _budget(body: CreateSecretRequest | UpdateSecretRequest) -> Budget | None:
     summary="Store a secret for the egress gateway to inject (its value is never returned)",
 )
 def create_secret(body: CreateSecretRequest, who: Who, api: Api) -> Response:
-    box = _box(api)
+    box = api.need_secrets()
     try:
         injection = _injection(body.header, body.template, body.query)
         with api.sessions.begin() as session:
@@ -144,7 +137,7 @@ def get_secret(name: str, who: Who, api: Api) -> Response:
     summary="Rotate a secret's value, or change where and how it goes (from the next request on)",
 )
 def update_secret(name: str, body: UpdateSecretRequest, who: Who, api: Api) -> Response:
-    box = _box(api)
+    box = api.need_secrets()
     try:
         with api.sessions.begin() as session:
             secret = _found(session, who.org, name)

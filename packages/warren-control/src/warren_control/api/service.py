@@ -35,7 +35,7 @@ from warren_control.observation import converge, start_ended, start_report
 from warren_control.podspec import has_agent, sandbox_pod_name, starts_agent
 from warren_control.scrub import scrub
 from warren_control.templates import Template
-from warren_control.vault import GATEWAY_ENV, placeholder
+from warren_control.vault import GATEWAY_ENV, SecretBox, placeholder
 from warren_control.workspaces import DEFAULT_RETENTION_S, WorkspaceStore, WorkspaceStoreError
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,10 @@ class ApiService:
         self.engine = make_engine(settings.database_url, **options)
         self.sessions: sessionmaker[Session] = session_factory(self.engine)
         self.cluster = Cluster(settings)
+        # Secrets are sealed here; without a gateway to use them, they are refused.
+        self.secret_box = (
+            SecretBox(settings.secrets_key) if settings.secrets_key and settings.gateway_url else None
+        )
         # Exec streams poll their websockets from worker threads of their own, so a
         # hundred long-running commands cannot starve the ordinary requests' thread pool.
         self.exec_threads = anyio.CapacityLimiter(256)
@@ -292,13 +296,18 @@ class ApiService:
             spec["pool"] = pool
         return spec
 
+    def need_secrets(self) -> SecretBox:
+        """What secrets are sealed with; refused where no egress gateway runs to use them."""
+        if self.secret_box is None:
+            raise unsupported("secrets", "this deployment runs no egress gateway")
+        return self.secret_box
+
     def bind_secrets(self, session: Session, org_id: str, names: Sequence[str], spec: dict[str, Any]) -> None:
         """Bind the organization's live secrets `names` to the sandbox being made: the
         gateway takes requests from it for them, and its environment holds placeholders
         (never a value) and the gateway's URL."""
-        if self.settings.secrets_key is None or not self.settings.gateway_url:
-            raise unsupported("secrets", "this deployment runs no egress gateway")
-        found, env = [], {GATEWAY_ENV: self.settings.gateway_url}
+        self.need_secrets()
+        found, env = [], {GATEWAY_ENV: str(self.settings.gateway_url)}
         for name in dict.fromkeys(names):
             secret = secret_records.live(session, org_id, name)
             if secret is None:
