@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -315,6 +316,71 @@ def test_egress_floor_survives_runtime_restarts(
     ).stdout
     assert "@blocked_v4" in rules and "drop" in rules
     kubectl(kubeconfig, "-n", "warren-sandboxes", "delete", "pod", "floor-restart", "--wait=false")
+
+
+def shim_ids(state: Path) -> list[str]:
+    """The `-id` of every gVisor shim of this node's containerd."""
+    found = subprocess.run(
+        ["pgrep", "-af", f"containerd-shim-runsc-v1.*{state}/"], capture_output=True, text=True, check=False
+    ).stdout
+    return [line.split(" -id ", 1)[1].split()[0] for line in found.splitlines() if " -id " in line]
+
+
+def test_a_pods_containers_share_one_shim_which_sees_each_exit(
+    env: dict[str, str], kubeconfig: str, first_node: str
+) -> None:
+    """gVisor patches 0005 and 0006 (docs/node-runtime.md): the containers of a sandbox pod
+    are served by the one shim its sandbox started (no shim is named for a container), and
+    with the shim answering a running container's state from its own wait, a container
+    that exits still reads as exited with its code, its sibling runs on, and the pod goes."""
+    from warren.node.images import busybox_image
+
+    def container(name: str, command: str) -> dict[str, object]:
+        return {
+            "name": name,
+            "image": busybox_image(),
+            "imagePullPolicy": "Never",
+            "command": ["sh", "-c", command],
+            "securityContext": {"allowPrivilegeEscalation": False},
+        }
+
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "one-shim", "namespace": "warren-sandboxes"},
+        "spec": {
+            "runtimeClassName": "gvisor",
+            "nodeName": first_node,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "restartPolicy": "Never",
+            "containers": [container("stays", "sleep 3600"), container("exits", "sleep 2; exit 3")],
+        },
+    }
+    assert kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(pod)).returncode == 0
+    try:
+
+        def statuses() -> dict[str, Any]:
+            got = kubectl(kubeconfig, "-n", "warren-sandboxes", "get", "pod", "one-shim", "-o", "json")
+            assert got.returncode == 0, got.stderr
+            return {s["name"]: s for s in json.loads(got.stdout)["status"].get("containerStatuses") or []}
+
+        deadline = time.monotonic() + 120
+        while "terminated" not in (statuses().get("exits", {}).get("state") or {}):
+            assert time.monotonic() < deadline, f"the exiting container never read as exited: {statuses()}"
+            time.sleep(0.5)
+        now = statuses()
+        assert now["exits"]["state"]["terminated"]["exitCode"] == 3, now["exits"]
+        assert "running" in now["stays"]["state"], now["stays"]
+        ids = [str(s["containerID"]).removeprefix("containerd://") for s in now.values()]
+        shims = shim_ids(Path(env["WARREN_HOME"]) / "cluster")
+        assert shims, "no gVisor shim of this node is running"
+        assert not set(ids) & set(shims), f"a shim of its own for a container: {ids} among {shims}"
+        said = kubectl(kubeconfig, "-n", "warren-sandboxes", "exec", "one-shim", "-c", "stays", "--", "true")
+        assert said.returncode == 0, said.stderr
+    finally:
+        gone = kubectl(kubeconfig, "-n", "warren-sandboxes", "delete", "pod", "one-shim", "--timeout=60s")
+    assert gone.returncode == 0, gone.stderr
 
 
 def test_down_stops_exactly_our_processes_and_keeps_state(env: dict[str, str], kubeconfig: str) -> None:
