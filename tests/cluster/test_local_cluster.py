@@ -259,33 +259,40 @@ def sandbox_set() -> str:
     return result.stdout
 
 
+def sandbox_pod(name: str, node: str, commands: dict[str, str]) -> dict[str, Any]:
+    """A gVisor pod in the sandbox namespace on `node`: a busybox container per command."""
+    from warren.node.images import busybox_image
+
+    containers = [
+        {
+            "name": container,
+            "image": busybox_image(),
+            "imagePullPolicy": "Never",
+            "command": ["sh", "-c", command],
+            "securityContext": {"allowPrivilegeEscalation": False},
+        }
+        for container, command in commands.items()
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "warren-sandboxes"},
+        "spec": {
+            "runtimeClassName": "gvisor",
+            "nodeName": node,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "containers": containers,
+        },
+    }
+
+
 def test_egress_floor_survives_runtime_restarts(
     env: dict[str, str], kubeconfig: str, first_node: str
 ) -> None:
     """A sandbox pod stays enrolled, and the floor's rules stay loaded, across a restart of
     the first node's containerd and kubelet (the pod is placed there)."""
-    from warren.node.images import busybox_image
-
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "floor-restart", "namespace": "warren-sandboxes"},
-        "spec": {
-            "runtimeClassName": "gvisor",
-            "nodeName": first_node,
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": busybox_image(),
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                    "securityContext": {"allowPrivilegeEscalation": False},
-                }
-            ],
-        },
-    }
+    pod = sandbox_pod("floor-restart", first_node, {"main": "sleep 3600"})
     assert kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(pod)).returncode == 0
     wait = kubectl(
         kubeconfig,
@@ -333,30 +340,8 @@ def test_a_pods_containers_share_one_shim_which_sees_each_exit(
     are served by the one shim its sandbox started (no shim is named for a container), and
     with the shim answering a running container's state from its own wait, a container
     that exits still reads as exited with its code, its sibling runs on, and the pod goes."""
-    from warren.node.images import busybox_image
-
-    def container(name: str, command: str) -> dict[str, object]:
-        return {
-            "name": name,
-            "image": busybox_image(),
-            "imagePullPolicy": "Never",
-            "command": ["sh", "-c", command],
-            "securityContext": {"allowPrivilegeEscalation": False},
-        }
-
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "one-shim", "namespace": "warren-sandboxes"},
-        "spec": {
-            "runtimeClassName": "gvisor",
-            "nodeName": first_node,
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "restartPolicy": "Never",
-            "containers": [container("stays", "sleep 3600"), container("exits", "sleep 2; exit 3")],
-        },
-    }
+    pod = sandbox_pod("one-shim", first_node, {"stays": "sleep 3600", "exits": "sleep 2; exit 3"})
+    pod["spec"]["restartPolicy"] = "Never"
     assert kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(pod)).returncode == 0
     try:
 
