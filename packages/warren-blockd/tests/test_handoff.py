@@ -123,10 +123,13 @@ def test_a_new_daemon_takes_over_under_a_writer_without_an_error(
     blockd_factory: Callable[..., Blockd], seaweedfs: str, bucket: str, tmp_path: Path
 ) -> None:
     store = f"s3://{bucket}"
-    old, target, writer = writing(blockd_factory(store, seaweedfs), tmp_path)
+    # A small backlog bound keeps the writer at most that far ahead of the uploader, so the
+    # flush's batch is replicated within the wait even on a machine busy with other work.
+    bound = ("--backlog-bound", "16M")
+    old, target, writer = writing(blockd_factory(store, seaweedfs, *bound), tmp_path)
     try:
         writer.wait_for(40)
-        new = blockd_factory(store, seaweedfs, name="node", log_name="daemon-new.log")  # same node state
+        new = blockd_factory(store, seaweedfs, *bound, name="node", log_name="daemon-new.log")  # same node state
         old.proc.wait(timeout=60)
         assert old.proc.returncode == 0, old.log()
         assert events(new, "took over") and events(old, "handoff acknowledged")
