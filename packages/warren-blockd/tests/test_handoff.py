@@ -129,7 +129,8 @@ def test_a_new_daemon_takes_over_under_a_writer_without_an_error(
     old, target, writer = writing(blockd_factory(store, seaweedfs, *bound), tmp_path)
     try:
         writer.wait_for(40)
-        new = blockd_factory(store, seaweedfs, *bound, name="node", log_name="daemon-new.log")  # same node state
+        # The same node state: it takes over from the old one.
+        new = blockd_factory(store, seaweedfs, *bound, name="node", log_name="daemon-new.log")
         old.proc.wait(timeout=60)
         assert old.proc.returncode == 0, old.log()
         assert events(new, "took over") and events(old, "handoff acknowledged")
