@@ -107,7 +107,14 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	// Sampling lives as long as serving: both end with ctx.
-	sampler := metrics.New(metrics.Config{Log: log})
+	// An unclaimed agent measures / until its claim: its workspace may be bound beneath
+	// the running container only at the claim, and under gVisor a path looked up before
+	// (even one found missing) can stay what the sandbox saw then.
+	disk := ""
+	if *claimSHA256 != "" {
+		disk = "/"
+	}
+	sampler := metrics.New(metrics.Config{Log: log, DiskPath: disk})
 	go sampler.Run(ctx)
 
 	protocols := new(http.Protocols)

@@ -427,6 +427,11 @@ class ServicesConfig(_Model):
     # the gvisor role's defaults).
     runsc_host_path: str = "/usr/local/bin/runsc"
     runsc_root_host_path: str = "/run/warren/runsc"
+    # Each node's containerd state directory, where it keeps running containers' root file
+    # systems; it must be a shared mount. Given, warren-blockd can bind a fork's workspace
+    # into a running pool pod's container (no container started for the child). Empty: it
+    # cannot, and fork pools start the child's container at the claim.
+    containerd_state_host_path: str = ""
     # Each image pinned by its manifest digest (service -> sha256:...): what runs is exactly
     # what was built, and a rebuild under the same tag rolls the workloads. The local
     # deployment fills it from what the node holds (`warren apply --local-node`).
@@ -547,6 +552,11 @@ class ServicesConfig(_Model):
         if not value.startswith("/") or ".." in value.split("/"):
             raise ValueError(f"{value!r} is not an absolute path without '..'")
         return value.rstrip("/") or "/"
+
+    @field_validator("containerd_state_host_path")
+    @classmethod
+    def _absolute_or_empty(cls, value: str) -> str:
+        return cls._absolute(value) if value else value
 
     @field_validator("object_store_endpoint")
     @classmethod

@@ -213,10 +213,12 @@ def test_the_children_of_a_fork_of_base_claim_fork_pool_pods_and_take_their_fork
     env: dict[str, str], state: Path, settings: ClusterConfig, made: list[str]
 ) -> None:
     """With services.pools.base.forks (warren-test.yaml: 3), a fork of a base sandbox into
-    four children: three claim pods of base-forks, where the node's warren-blockd binds each
-    child's fork and the sandbox's container starts after it; the fourth finds the pool
-    empty and starts cold, saying so. Every child has the parent's files, and a write in one
-    shows nowhere else."""
+    four children: three claim pods of base-forks, whose sandbox container already runs:
+    the node's warren-blockd binds each child's fork beneath that container's root file
+    system (the local node's containerd state is a shared mount), and nothing starts. The
+    fourth finds the pool empty and starts cold, saying so. Every child has the parent's
+    files, a write in one shows nowhere else, and reaches that child's workspace itself (a
+    fork of the child has it)."""
     if not settings.sandbox_workspaces:
         pytest.skip("forks need workspaces, which this deployment does not have")
     image = wait_for(lambda: full(env, state), 300, "the base pool to be full")["spec"]["image"]
@@ -239,15 +241,20 @@ def test_the_children_of_a_fork_of_base_claim_fork_pool_pods_and_take_their_fork
         assert read(env, child, "/workspace/note") == note
     from_pool = [c for c, (status, _, message) in how.items() if status == "True" and "base-forks" in message]
     assert len(from_pool) == size, how
+    assert all("beneath its running container" in how[c][2] for c in from_pool), how
     (cold,) = [c for c in children if c not in from_pool]
     assert how[cold][:2] == ("False", "PoolEmpty"), how[cold]
-    # The claimed child's sandbox is the agent's container, and its workspace is its own.
+    # The claimed child's workspace is its own, and what it writes there is in it: not in
+    # its container's root file system (gVisor's root overlay is off for these pods).
     changed = b"changed in one child only\n"
     ok(sandbox(env, "write-file", from_pool[0], "/workspace/note", stdin=changed))
     assert read(env, from_pool[0], "/workspace/note") == changed
     for other in (parent, cold, *from_pool[1:]):
         assert read(env, other, "/workspace/note") == note
-    for sandbox_id in (*children, parent):
+    (grandchild,) = ok(sandbox(env, "fork", "--count", "1", from_pool[0])).split()
+    made.append(grandchild)
+    assert read(env, grandchild, "/workspace/note") == changed
+    for sandbox_id in (grandchild, *children, parent):
         ok(sandbox(env, "delete", sandbox_id))
         made.remove(sandbox_id)
     wait_for(lambda: full(env, state, "base-forks"), 300, "the fork pool to refill")

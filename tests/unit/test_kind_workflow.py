@@ -42,6 +42,8 @@ HOST_SPECIFIC = (
     "services.blockd_state_host_path",
     "services.runsc_host_path",
     "services.runsc_root_host_path",
+    # The local node makes its containerd state a shared mount; a kind node is left as it is.
+    "services.containerd_state_host_path",
     "services.image_pull_policy",
     "services.image_digests",
     "services.gateway_cluster_ip",  # fixed where the node floor is ours, to let the gateway in

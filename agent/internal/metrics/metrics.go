@@ -37,6 +37,15 @@ type Config struct {
 	Log      *slog.Logger
 }
 
+// DefaultDiskPath is the filesystem a sandbox's disk figures describe: /workspace
+// when it is a directory, else /.
+func DefaultDiskPath() string {
+	if fi, err := os.Stat("/workspace"); err == nil && fi.IsDir() {
+		return "/workspace"
+	}
+	return "/"
+}
+
 // Sampler takes samples and keeps the latest of them.
 type Sampler struct {
 	cfg Config
@@ -63,10 +72,7 @@ func New(cfg Config) *Sampler {
 		cfg.ProcDir = "/proc"
 	}
 	if cfg.DiskPath == "" {
-		cfg.DiskPath = "/"
-		if fi, err := os.Stat("/workspace"); err == nil && fi.IsDir() {
-			cfg.DiskPath = "/workspace"
-		}
+		cfg.DiskPath = DefaultDiskPath()
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -97,6 +103,14 @@ func (s *Sampler) Run(ctx context.Context) {
 
 // Sample takes one sample now and keeps it. A reading that fails skips the
 // sample: the error is returned, and logged the first time that reading fails.
+// MeasureDisk makes the samples from now on describe the filesystem at path (an
+// agent in a pool pod learns at its claim where its workspace is).
+func (s *Sampler) MeasureDisk(path string) {
+	s.sampling.Lock()
+	defer s.sampling.Unlock()
+	s.cfg.DiskPath = path
+}
+
 func (s *Sampler) Sample() error {
 	s.sampling.Lock()
 	defer s.sampling.Unlock()

@@ -42,6 +42,7 @@ type claim struct {
 	tokenSHA256 string // of the claim token; the token itself is known only to the claimer
 	mu          sync.Mutex
 	access      string // the sandbox's access token hash, once claimed
+	onClaim     func() // after a claim succeeds, if set
 }
 
 func (c *claim) claimed() (string, bool) {
@@ -82,6 +83,9 @@ func (c *claim) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	c.access = req.AccessTokenSHA256
+	if c.onClaim != nil {
+		c.onClaim()
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 

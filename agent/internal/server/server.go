@@ -56,6 +56,11 @@ func New(cfg Config) http.Handler {
 	var pool *claim
 	if cfg.ClaimTokenSHA256 != "" {
 		pool = &claim{tokenSHA256: cfg.ClaimTokenSHA256}
+		if cfg.Metrics != nil {
+			// Only now: a workspace bound beneath a running gVisor container at the claim
+			// must not have been looked up before it is there (see main.go).
+			pool.onClaim = func() { cfg.Metrics.MeasureDisk(metrics.DefaultDiskPath()) }
+		}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/claim" && pool != nil {

@@ -319,7 +319,7 @@ def bind_call(
 
 
 @contextmanager
-def bind_api(node: Blockd, tmp_path: Path) -> Iterator[tuple[Csi, int, str]]:
+def bind_api(node: Blockd, tmp_path: Path, *extra: str) -> Iterator[tuple[Csi, int, str]]:
     """A CSI plugin serving its bind API on a TCP port with a token: (csi, port, token)."""
     token = secrets.token_hex(16)
     (tmp_path / "token").write_text(token + "\n")
@@ -334,6 +334,7 @@ def bind_api(node: Blockd, tmp_path: Path) -> Iterator[tuple[Csi, int, str]]:
         f"127.0.0.1:{port}",
         "--bind-token-file",
         str(tmp_path / "token"),
+        *extra,
     )
     channel = grpc.insecure_channel(f"unix:{plugin.endpoint}")
     csi = Csi(
@@ -393,6 +394,72 @@ def test_a_bind_at_claim_volume_is_published_empty_and_takes_its_workspace_at_th
         assert (again / "note.txt").read_text() == "the child's\n"
         csi.unpublish("csi-again")
         csi.unpublish("csi-parent")
+
+
+def runtime_bundle(state: Path, container_id: str, pod_uid: str, kind: str = "container") -> Path:
+    """A running container as containerd keeps it for its shim: its bundle's config.json
+    with the annotations CRI gives it, and its root file system mounted (a tmpfs stands in
+    for the image's overlay; the cluster tier does this with a real gVisor pod)."""
+    bundle = state / "io.containerd.runtime.v2.task" / "k8s.io" / container_id
+    (bundle / "rootfs").mkdir(parents=True)
+    notes = {"io.kubernetes.cri.sandbox-uid": pod_uid, "io.kubernetes.cri.container-type": kind}
+    (bundle / "config.json").write_text(json.dumps({"annotations": notes}))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "rootfs", str(bundle / "rootfs")], check=True)
+    return bundle / "rootfs"
+
+
+def test_a_bind_naming_a_running_container_mounts_the_workspace_beneath_its_root_file_system(
+    node: Blockd, tmp_path: Path
+) -> None:
+    """A bind-in-place pool pod: the bind names the pod's running container, and the child's
+    fork is mounted at /workspace of that container's root file system, nosuid,nodev. Only a
+    container of the pod the bind names, only a real directory there (never a symlink out of
+    the root file system); the volume's unpublish takes the bind down and replicates."""
+    state = tmp_path / "runtime-state"
+    ours, theirs, sandbox = "a" * 64, "b" * 64, "c" * 64
+    rootfs = runtime_bundle(state, ours, "uid-pool-1")
+    runtime_bundle(state, theirs, "uid-someone-else")
+    runtime_bundle(state, sandbox, "uid-pool-1", kind="sandbox")
+    linked = runtime_bundle(state, "d" * 64, "uid-pool-3")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (linked / "workspace").symlink_to(outside)
+    try:
+        with bind_api(node, tmp_path, "--runtime-state", str(state)) as (csi, port, token):
+            parent = csi.publish("csi-parent", pod_context(pod="parent", workspace="ws-parent", size="64Mi"))
+            (parent / "note.txt").write_text("the parent's\n")
+            waiting = csi.publish("csi-pool", pod_context(pod="pool-1", bindAtClaim="true"))
+            csi.publish("csi-pool-3", pod_context(pod="pool-3", bindAtClaim="true"))
+            body = {"pod_uid": "uid-pool-1", "workspace": "ws-child", "forkOf": "ws-parent"}
+            for container, code in ((theirs, 409), (sandbox, 409), ("e" * 64, 404), ("../" + ours, 400)):
+                status, answer = bind_call(port, token, {**body, "container_id": container})
+                assert status == code, answer
+                assert "fix" in answer and not (rootfs / "workspace").is_mount()
+            status, answer = bind_call(
+                port,
+                token,
+                {**body, "pod_uid": "uid-pool-3", "workspace": "ws-linked", "container_id": "d" * 64},
+            )
+            assert (status, answer["error"]) == (409, "conflict"), answer
+            assert "symlink" in answer["message"] and not outside.is_mount() and not any(outside.iterdir())
+
+            status, answer = bind_call(port, token, {**body, "container_id": ours})
+            assert (status, answer) == (200, {"workspace": "ws-child", "how": "forked"}), answer
+            inside = rootfs / "workspace"
+            assert (inside / "note.txt").read_text() == "the parent's\n"
+            assert {"nosuid", "nodev"} <= (mount_options(inside) or set())
+            assert mounts_at(waiting) == 0  # the volume itself stays an empty directory
+            (inside / "note.txt").write_text("the child's\n")
+
+            csi.unpublish("csi-pool")  # the pod's end: the bind goes, the child's writes are stored
+            assert not inside.is_mount()
+            again = csi.publish("csi-again", pod_context(pod="later", workspace="ws-child"))
+            assert (again / "note.txt").read_text() == "the child's\n"
+            for volume in ("csi-again", "csi-pool-3", "csi-parent"):
+                csi.unpublish(volume)
+    finally:
+        for bundle in (state / "io.containerd.runtime.v2.task" / "k8s.io").iterdir():
+            subprocess.run(["umount", "-l", str(bundle / "rootfs")], check=False, capture_output=True)
 
 
 def test_a_fork_for_another_node_is_made_where_its_source_is_mounted_and_bound_as_stored(

@@ -27,6 +27,7 @@ from warren_control.kube import Obj
 from warren_control.observation import with_pod
 from warren_control.podspec import (
     BIND_AT_CLAIM_ANNOTATION,
+    BIND_IN_PLACE_ANNOTATION,
     CLAIMED_FROM_ANNOTATION,
     FORK_SIBLINGS_ANNOTATION,
     HOLD_CONTAINER,
@@ -496,13 +497,17 @@ class FakeBinder:
     def __init__(self, refuse: str | None = None) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.siblings: list[int | None] = []
+        self.containers: list[str | None] = []  # the running container named, binding in place
         self.refuse = refuse
 
         self.forks: list[tuple[str, str, str, int | None]] = []
 
-    def bind(self, pod: Obj, workspace: Obj, siblings: int | None = None) -> str:
+    def bind(
+        self, pod: Obj, workspace: Obj, siblings: int | None = None, container_id: str | None = None
+    ) -> str:
         self.calls.append((pod["metadata"]["uid"], dict(workspace)))
         self.siblings.append(siblings)
+        self.containers.append(container_id)
         if self.refuse:
             raise BindError(self.refuse)
         return "forked"
@@ -601,6 +606,91 @@ def test_a_forks_child_claims_a_pod_binds_its_fork_there_and_then_starts_its_con
     assert binder.calls == [(claimed["metadata"]["uid"], FORK_CHILD)]  # one bind, one container
     assert len(added) == 1
     assert first["metadata"]["name"] in kube.pods
+
+
+# With the nodes' warren-blockd able to bind beneath a running container (bind_in_place),
+# a fork pool's pods run the sandbox's own container from the start; that a workspace
+# mounted there on the host shows inside gVisor is the cluster tier's to prove.
+
+IN_PLACE = dataclasses.replace(AGENTED, bind_in_place=True)
+
+
+def running_sandbox_container(pod: Obj, container_id: str) -> None:
+    pod["status"]["podIP"] = "10.0.0.9"
+    pod["status"]["containerStatuses"] = [
+        {"name": "sandbox", "containerID": f"containerd://{container_id}", "state": {"running": {}}}
+    ]
+
+
+def test_a_bind_in_place_pool_pod_runs_the_sandboxs_container_and_nothing_looks_at_its_workspace() -> None:
+    kube, reconciler, _, _ = bind_pool(IN_PLACE)
+    pods = fill(kube, reconciler, "base-forks")
+    assert len(pods) == 2
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        assert container["name"] == "sandbox" and container["image"] == "busybox"
+        # The agent holds the pod up (the image's own command must not run before there is a
+        # workspace) and its unclaimed twin serves; neither starts in /workspace.
+        assert container["command"] == ["/.warren/agent", "-hold"] and container["workingDir"] == "/"
+        assert "-claim-token-sha256" in container["lifecycle"]["postStart"]["exec"]["command"]
+        hold = {"name": "workspace", "mountPath": "/.warren-claim", "readOnly": True}
+        assert {**hold, "mountPropagation": "HostToContainer"} in container["volumeMounts"]
+        assert all(m["mountPath"] != "/workspace" for m in container["volumeMounts"])
+        annotations = pod["metadata"]["annotations"]
+        assert annotations[BIND_IN_PLACE_ANNOTATION] == "true"
+        assert annotations["dev.gvisor.flag.overlay2"] == "none"  # writes reach the workspace
+        assert BIND_AT_CLAIM_ANNOTATION not in annotations
+
+
+def test_a_forks_child_takes_an_in_place_pod_its_fork_bound_beneath_the_running_container(
+    claims: list[tuple[str, str, str, dict[str, str]]],
+) -> None:
+    kube, reconciler, binder, added = bind_pool(IN_PLACE)
+    for index, pod in enumerate(fill(kube, reconciler, "base-forks")):
+        running_sandbox_container(pod, f"{index + 1:064x}")
+    writes: list[str] = []
+    patch = kube.patch_pod
+
+    def patching(namespace: str, name: str, body: Obj) -> Obj:
+        writes.append("claim" + ("@guarded" if "resourceVersion" in body["metadata"] else ""))
+        return patch(namespace, name, body)
+
+    kube.patch_pod = patching  # type: ignore[method-assign]
+    token_sha256 = hashlib.sha256(b"the child's token").hexdigest()
+    sbx = kube.add_sandbox(
+        "child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256=token_sha256, env={"A": "b"}
+    )
+    sbx["metadata"]["annotations"] = {FORK_SIBLINGS_ANNOTATION: "8"}
+    remember_all(reconciler, kube)
+    seen = reconciler.reconcile(NS, "child")
+    (claimed,) = [p for p in kube.pods.values() if controller_uid(p) == sbx["metadata"]["uid"]]
+    assert writes == ["claim@guarded"]  # the claim takes the pod; no container is added
+    assert added == []
+    assert binder.calls == [(claimed["metadata"]["uid"], FORK_CHILD)] and binder.siblings == [8]
+    (status,) = claimed["status"]["containerStatuses"]
+    assert binder.containers == [status["containerID"].removeprefix("containerd://")]
+    ((address, _, sent_sha256, env),) = claims
+    assert (address, sent_sha256, env) == ("10.0.0.9", token_sha256, {"A": "b"})
+    assert seen is not None and seen.phase == "Running"
+    path, reason, message = started(kube.status("child"))
+    assert (path, reason) == ("pool", "Claimed") and "beneath its running container" in message
+
+
+def test_a_bind_in_place_the_node_refuses_costs_the_pod_and_the_child_starts_cold(
+    claims: list[tuple[str, str, str, dict[str, str]]],
+) -> None:
+    kube, reconciler, binder, _ = bind_pool(IN_PLACE)
+    binder.refuse = "the bind refused: workspace ws-parent is not on this node"
+    for index, pod in enumerate(fill(kube, reconciler, "base-forks")):
+        running_sandbox_container(pod, f"{index + 1:064x}")
+    sbx = kube.add_sandbox("child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "child")
+    taken = [p for p in kube.pods.values() if controller_uid(p) == sbx["metadata"]["uid"]]
+    assert any("deletionTimestamp" in p["metadata"] for p in taken)  # its workspace may be bound there
+    assert claims == []  # the agent never served it
+    path, reason, message = started(kube.status("child"))
+    assert (path, reason) == ("cold", "ClaimFailed") and "ws-parent is not on this node" in message
 
 
 def test_a_childs_container_is_added_to_the_chosen_pod_before_its_claim_is_written() -> None:

@@ -73,19 +73,29 @@ def _shared_netns_dir() -> None:
     subprocess.run(["mount", "--make-shared", str(NETNS_DIR)], check=True)
 
 
+def _mount_options(directory: Path) -> set[str] | None:
+    """The options of the mount at `directory`, or None if none is there."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(directory):
+            return set(fields[5].split(","))
+    return None
+
+
+def _own_mount(directory: Path) -> None:
+    """`directory` as a mount of its own (bound over itself), so its propagation can be set."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if _mount_options(directory) is None:
+        subprocess.run(["mount", "--bind", str(directory), str(directory)], check=True)
+
+
 def _nosuid_nodev(directory: Path) -> None:
     """Keep every pod volume on a nosuid,nodev mount: the kernel keeps those flags on the
     bind mounts a container gets, and runsc carries them into the sandbox (patch 0002), so
     /workspace and every other volume refuse set-user-ID programs and device files."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        if fields[4] == str(directory):
-            if {"nosuid", "nodev"} <= set(fields[5].split(",")):
-                return
-            break
-    else:
-        subprocess.run(["mount", "--bind", str(directory), str(directory)], check=True)
+    _own_mount(directory)
+    if {"nosuid", "nodev"} <= (_mount_options(directory) or set()):
+        return
     subprocess.run(["mount", "-o", "remount,bind,nosuid,nodev", str(directory)], check=True)
 
 
@@ -418,9 +428,13 @@ def _prepare_host(layout: NodeLayout) -> None:
     # DaemonSet) mounts workspaces with Bidirectional propagation, which containerd
     # refuses on a private mount.
     subprocess.run(["mount", "--make-rshared", str(layout.kubelet_root)], check=True)
+    # Shared too: warren-blockd binds a fork's workspace beneath a running container's root
+    # file system, which the shim mounts under the runtime's state directory; only from a
+    # shared mount does that bind reach the host, and from there the container's gofer.
+    _own_mount(layout.containerd_state)
+    subprocess.run(["mount", "--make-rshared", str(layout.containerd_state)], check=True)
     for directory in (
         layout.containerd_root,
-        layout.containerd_state,
         layout.kubelet_root,
         layout.images,
         layout.cni_bin_dir,

@@ -36,6 +36,7 @@ def host_paths(state: Path) -> dict[str, str]:
         "blockd_state_host_path": str(node.root / "blockd"),
         "runsc_host_path": str(node.bin_dir / "runsc"),
         "runsc_root_host_path": str(node.runsc_root),
+        "containerd_state_host_path": str(node.containerd_state),  # a shared mount (provider.py)
     }
 
 

@@ -213,6 +213,7 @@ def csi(args: argparse.Namespace) -> int:
             replicate_wait=args.replicate_wait,
             bind_address=bind_address,
             bind_token_file=bind_token,
+            runtime_state=Path(args.runtime_state) if args.runtime_state else None,
         )
     )
 
@@ -496,31 +497,7 @@ def _probe_command(sub: Any) -> None:
     r.set_defaults(func=probe)
 
 
-def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="warren-blockd", description=__doc__)
-    top.add_argument("--version", action="version", version=__version__)
-    top.add_argument("--socket", default=os.environ.get("WARREN_BLOCKD_SOCKET", DEFAULT_SOCKET))
-    sub = top.add_subparsers(dest="command", required=True)
-
-    s = sub.add_parser("serve", help="run the daemon (as root: FUSE, loop devices, mounts)")
-    s.add_argument(
-        "--store",
-        default=os.environ.get("WARREN_BLOCKD_STORE"),
-        required="WARREN_BLOCKD_STORE" not in os.environ,
-        help="s3://BUCKET[/PREFIX] or file:///DIRECTORY",
-    )
-    s.add_argument("--s3-endpoint", default=os.environ.get("WARREN_BLOCKD_S3_ENDPOINT"))
-    s.add_argument("--state-dir", default=os.environ.get("WARREN_BLOCKD_STATE", "/var/lib/warren-blockd"))
-    s.add_argument(
-        "--backlog-bound", type=size, default=size("256M"), help="un-replicated bytes before writers wait"
-    )
-    s.add_argument(
-        "--batch-bytes", type=size, default=size("32M"), help="written bytes held before a batch is sealed"
-    )
-    s.add_argument("--flush-interval", type=float, default=1.0, help="seconds between batch seals")
-    s.add_argument("--consolidate-records", type=int, default=64, help="log records between consolidations")
-    _serve_options(s)
-
+def _csi_parser(sub: Any) -> None:
     k = sub.add_parser("csi", help="the CSI node plugin (driver blockd.warren.dev) for kubelet")
     k.add_argument("--endpoint", required=True, help="the CSI socket, unix:///PATH (kubelet calls it)")
     k.add_argument(
@@ -548,8 +525,42 @@ def parser() -> argparse.ArgumentParser:
         help="serve the bind API here (a claimed pod's bindAtClaim workspace; csi/bindapi.py)",
     )
     k.add_argument("--bind-token-file", help="the bind API's bearer token (from a Secret)")
+    k.add_argument(
+        "--runtime-state",
+        metavar="DIR",
+        help="containerd's state directory, as the plugin sees it: a bind that names a container "
+        "mounts the workspace at /workspace of that running container's root file system",
+    )
     k.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     k.set_defaults(func=csi)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="warren-blockd", description=__doc__)
+    top.add_argument("--version", action="version", version=__version__)
+    top.add_argument("--socket", default=os.environ.get("WARREN_BLOCKD_SOCKET", DEFAULT_SOCKET))
+    sub = top.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the daemon (as root: FUSE, loop devices, mounts)")
+    s.add_argument(
+        "--store",
+        default=os.environ.get("WARREN_BLOCKD_STORE"),
+        required="WARREN_BLOCKD_STORE" not in os.environ,
+        help="s3://BUCKET[/PREFIX] or file:///DIRECTORY",
+    )
+    s.add_argument("--s3-endpoint", default=os.environ.get("WARREN_BLOCKD_S3_ENDPOINT"))
+    s.add_argument("--state-dir", default=os.environ.get("WARREN_BLOCKD_STATE", "/var/lib/warren-blockd"))
+    s.add_argument(
+        "--backlog-bound", type=size, default=size("256M"), help="un-replicated bytes before writers wait"
+    )
+    s.add_argument(
+        "--batch-bytes", type=size, default=size("32M"), help="written bytes held before a batch is sealed"
+    )
+    s.add_argument("--flush-interval", type=float, default=1.0, help="seconds between batch seals")
+    s.add_argument("--consolidate-records", type=int, default=64, help="log records between consolidations")
+    _serve_options(s)
+
+    _csi_parser(sub)
 
     d = sub.add_parser("dedup", help="share of B's bytes already stored for A, file-aligned vs fixed chunks")
     d.add_argument("a")

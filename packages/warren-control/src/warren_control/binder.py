@@ -39,10 +39,17 @@ class Binder:
         self._lock = threading.Lock()
         self._http = httpx.Client(timeout=httpx.Timeout(BIND_TIMEOUT_S, connect=5.0))
 
-    def bind(self, pod: Mapping[str, Any], workspace: Mapping[str, Any], siblings: int | None = None) -> str:
+    def bind(
+        self,
+        pod: Mapping[str, Any],
+        workspace: Mapping[str, Any],
+        siblings: int | None = None,
+        container_id: str | None = None,
+    ) -> str:
         """Bind `workspace` (a Sandbox's spec.workspace: id, and forkOf or size) at the
-        claimed pod's awaiting volume; how the plugin made it (forked, restored, ...). A fork's
-        child names its `siblings`, so that the node forks them all with one freeze."""
+        claimed pod's awaiting volume, or with `container_id` at /workspace of that running
+        container; how the plugin made it (forked, restored, ...). A fork's child names its
+        `siblings`, so that the node forks them all with one freeze."""
         node = str((pod.get("spec") or {}).get("nodeName") or "")
         if not node:
             raise BindError("the pool pod has no node")
@@ -53,6 +60,8 @@ class Binder:
                 body["siblings"] = siblings
         elif workspace.get("size"):
             body["size"] = str(workspace["size"])
+        if container_id:
+            body["container_id"] = container_id
         return str(self._post(node, "/v1/bind", body, "the bind").get("how"))
 
     def fork(self, node: str, source: str, child: str, siblings: int | None = None) -> int:

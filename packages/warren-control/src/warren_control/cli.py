@@ -299,6 +299,7 @@ def _run_controller(args: argparse.Namespace) -> None:
             memory_request_percent=args.memory_request_percent,
             agent_image=args.agent_image,
             agent_in_images=frozenset(args.agent_in_image),
+            bind_in_place=args.bind_in_place,
         ),
         workspace=blockd_volume if args.workspaces else controller.no_workspace,
         release_workspace=store.release if store is not None else None,
@@ -658,6 +659,12 @@ def _workspace_arguments(serve: Any) -> None:
         "--blockd-bind-token-file",
         help="controller: the nodes' warren-blockd bind API token (Secret warren-blockd-bind), for "
         "pools whose pods take their workspace at the claim",
+    )
+    serve.add_argument(
+        "--bind-in-place",
+        action="store_true",
+        help="controller: the nodes' warren-blockd bind workspaces beneath running containers "
+        "(its --runtime-state), so a claim from a bindAtClaim pool starts no container",
     )
     serve.add_argument(
         "--workspace-store",

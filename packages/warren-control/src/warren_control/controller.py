@@ -64,6 +64,7 @@ from warren_control.podspec import (
     SandboxSpecError,
     add_request_arguments,
     binds_at_claim,
+    binds_in_place,
     blockd_volume,
     claim_patch,
     controller_uid,
@@ -81,6 +82,7 @@ from warren_control.podspec import (
     pool_refill_per_second,
     pool_size,
     restored_from,
+    sandbox_container_id,
     sandbox_workspace_id,
     spec_hash,
     unbound,
@@ -1078,14 +1080,13 @@ class Reconciler:
             workspace_id = pod_workspace_id(candidate) if self._workspaces and not bind_at_claim else None
             # The pod's spec hash is the bound Sandbox's, so the passes after keep it.
             owner = with_workspace_id(sandbox, workspace_id) if workspace_id else sandbox
-            if bind_at_claim:
+            if bind_at_claim and not binds_in_place(candidate):
                 taken = self._take_and_start(sandbox, candidate, (namespace, str(pool_name)))
                 if isinstance(taken, str):
                     return sandbox, None, _cold("ClaimFailed", taken)
                 claimed, how, patched_ms = taken
                 bound = " and bound its workspace there" + (f"; {how}" if how else "")
             else:
-                bound = ""
                 patching = time.monotonic()
                 try:
                     claimed = self.kube.patch_pod(
@@ -1101,23 +1102,20 @@ class Reconciler:
                         break
                     continue
                 patched_ms = round((time.monotonic() - patching) * 1000)
-                self._refill_after_claim(namespace, str(pool_name), later=False)
-                refused = self._claim_agent(sandbox, claimed)
+                bound, refused = self._serve_claimed(
+                    sandbox, claimed, (namespace, str(pool_name)), bind_at_claim
+                )
                 if refused:
-                    # The pod is the Sandbox's but could not serve it: it goes, and the
-                    # Sandbox starts cold.
+                    # The pod is the Sandbox's but could not serve it (its workspace may be
+                    # bound there): it goes, and the Sandbox starts cold.
                     self.kube.delete_pod(namespace, name, uid=claimed["metadata"]["uid"])
-                    return (
-                        sandbox,
-                        None,
-                        _cold("ClaimFailed", f"the agent of pool {pool_name}'s pod refused: {refused}"),
-                    )
+                    return sandbox, None, _cold("ClaimFailed", refused)
             if workspace_id:
                 sandbox = self._bind(sandbox, workspace_id)
             with self._guard:
                 self._unseen[uid] = claimed
-            if bind_at_claim:  # its container starts: the next status is most likely Running
-                self._start_quietly(sandbox, claimed)
+            if bind_at_claim and not binds_in_place(claimed):
+                self._start_quietly(sandbox, claimed)  # its container starts: most likely Running next
             log.info(
                 "claimed pod %s of pool %s for %s/%s (the claim's patch took %d ms)",
                 name,
@@ -1232,28 +1230,14 @@ class Reconciler:
         self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None = None, version: str | None = None
     ) -> tuple[Obj, str | None] | str:
         """Start the Sandbox in the bindAtClaim pool pod it claimed: its workspace bound at
-        the pod's awaiting volume by the node's warren-blockd, then its own container added
-        (the pod as it is then, and how a fork crossed nodes if it did); why not, if it
-        could not be done.
-
-        A fork's child on another node than its source's: the source's node forks it (its
-        daemon holds every write the source made, and freezes it until they are in object
-        storage), and the pod's node binds the child as storage has it. Forked on the pod's
-        own node instead, it would start from what the source had replicated so far."""
-        workspace = (sandbox.get("spec") or {}).get("workspace") or {}
+        the pod's awaiting volume by the node's warren-blockd (_bind_workspace), then its own
+        container added (the pod as it is then, and how a fork crossed nodes if it did); why
+        not, if it could not be done."""
         if self.binder is None:
             return "this controller cannot bind workspaces (no bind token)"
         binding = time.monotonic()
-        source, near, crossed = workspace.get("forkOf"), self._parent_node(sandbox), None
         try:
-            if source and near and near != _node(pod):
-                fork_ms = self.binder.fork(near, str(source), str(workspace["id"]), fork_siblings(sandbox))
-                crossed = (
-                    f"forked on its source's node once the source's writes were in object storage "
-                    f"({fork_ms} ms), then bound on another node"
-                )
-                workspace = {"id": workspace["id"]}
-            how = self.binder.bind(pod, workspace, fork_siblings(sandbox) if source and not crossed else None)
+            how, crossed = self._bind_workspace(sandbox, pod)
             adding = time.monotonic()
             container = ephemeral_container_for(sandbox, self.options.pod)
             started = self.kube.add_ephemeral_container(
@@ -1271,13 +1255,77 @@ class Reconciler:
         self._await_agent(sandbox, started, pool)
         log.info(
             "bound workspace %s (%s) in pod %s: bind %d ms, container added %d ms",
-            workspace.get("id"),
+            ((sandbox.get("spec") or {}).get("workspace") or {}).get("id"),
             how,
             pod["metadata"]["name"],
             (adding - binding) * 1000,
             (added - adding) * 1000,
         )
         return started, crossed
+
+    def _bind_workspace(
+        self, sandbox: Obj, pod: Obj, container_id: str | None = None
+    ) -> tuple[str, str | None]:
+        """Have the pod's node bind the Sandbox's workspace in the claimed pool pod (at its
+        awaiting volume, or beneath its running container `container_id`): (how the plugin
+        made it, how a fork crossed nodes if it did). BindError if it could not.
+
+        A fork's child on another node than its source's: the source's node forks it (its
+        daemon holds every write the source made, and freezes it until they are in object
+        storage), and the pod's node binds the child as storage has it. Forked on the pod's
+        own node instead, it would start from what the source had replicated so far."""
+        if self.binder is None:  # _pool_for refuses such a pool: no claim gets here
+            raise BindError("this controller cannot bind workspaces (no bind token)")
+        workspace = (sandbox.get("spec") or {}).get("workspace") or {}
+        source, near, crossed = workspace.get("forkOf"), self._parent_node(sandbox), None
+        if source and near and near != _node(pod):
+            fork_ms = self.binder.fork(near, str(source), str(workspace["id"]), fork_siblings(sandbox))
+            crossed = (
+                f"forked on its source's node once the source's writes were in object storage "
+                f"({fork_ms} ms), then bound on another node"
+            )
+            workspace = {"id": workspace["id"]}
+        siblings = fork_siblings(sandbox) if source and not crossed else None
+        return self.binder.bind(pod, workspace, siblings, container_id), crossed
+
+    def _serve_claimed(
+        self, sandbox: Obj, claimed: Obj, pool: tuple[str, str], bind_at_claim: bool
+    ) -> tuple[str, str | None]:
+        """Make the pool pod the Sandbox just claimed serve it: a bind-in-place pod's
+        workspace bound beneath its running sandbox container first, then its agent given
+        the Sandbox's token and environment. (What the PoolClaimed condition adds about the
+        workspace, why the pod cannot serve the Sandbox or None). Nothing starts: the pod
+        already runs."""
+        name = claimed["metadata"]["name"]
+        if not bind_at_claim:
+            self._refill_after_claim(*pool, later=False)
+            refused = self._claim_agent(sandbox, claimed)
+            return "", f"the agent of pool {pool[1]}'s pod refused: {refused}" if refused else None
+        # Held until the agent is claimed: pods starting would take the CPU from the child.
+        self._refill_after_claim(*pool, later=True)
+        binding = time.monotonic()
+        try:
+            container_id = sandbox_container_id(claimed)
+            if container_id is None:
+                return "", f"pool {pool[1]}'s pod {name} has no running sandbox container"
+            how, crossed = self._bind_workspace(sandbox, claimed, container_id)
+            refused = self._claim_agent(sandbox, claimed)
+        except BindError as exc:
+            return "", str(exc)
+        finally:
+            self._one_started(pool)
+        if refused:
+            return "", f"the agent of pool {pool[1]}'s pod refused: {refused}"
+        log.info(
+            "bound workspace %s (%s) beneath pod %s's container and claimed its agent: %d ms",
+            ((sandbox.get("spec") or {}).get("workspace") or {}).get("id"),
+            how,
+            name,
+            (time.monotonic() - binding) * 1000,
+        )
+        return " and bound its workspace beneath its running container" + (
+            f"; {crossed}" if crossed else ""
+        ), None
 
     def _await_agent(self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None) -> None:
         """Ask the new container's agent until it answers, then pass over the Sandbox again:

@@ -56,6 +56,15 @@ MAX_FORK_SIBLINGS = 100  # the API's largest fork (api/shapes.py MAX_FORK)
 # sandbox's own container (CONTAINER) as an ephemeral container, which alone mounts it.
 BIND_AT_CLAIM_ANNOTATION = "warren.dev/bind-at-claim"
 HOLD_CONTAINER = "warren-hold"
+# On a bindAtClaim pool pod whose own sandbox container already runs (PodOptions.bind_in_place):
+# the claim binds the workspace at /workspace of that container's root file system and
+# claims its agent; nothing is started. The volume it mounts (HOLD_MOUNT, HostToContainer)
+# is only what makes kubelet publish it and containerd make the root file system rslave.
+BIND_IN_PLACE_ANNOTATION = "warren.dev/bind-in-place"
+HOLD_MOUNT = "/.warren-claim"
+# runsc's root overlay keeps a container's writes to its root file system in the sandbox:
+# a workspace mounted beneath it on the host would be seen, but written only in the overlay.
+GVISOR_OVERLAY_ANNOTATION = "dev.gvisor.flag.overlay2"
 DEFAULT_POOL_REFILL_PER_SECOND = 10
 # The controller's finalizer: it keeps a Sandbox until its pod has stopped. The API creates
 # Sandboxes with it already in place, which saves the controller a write per create.
@@ -120,6 +129,10 @@ class PodOptions:
     # node has it (under memory pressure, sandboxes above their requests are evicted first).
     cpu_request_percent: int = 100
     memory_request_percent: int = 100
+    # Whether the nodes' warren-blockd can bind a workspace beneath a running container's
+    # root file system (`services.containerd_state_host_path`): bindAtClaim pool pods then
+    # run the sandbox's own container from the start, and a claim starts no container.
+    bind_in_place: bool = False
 
     def __post_init__(self) -> None:
         for name in ("cpu_request_percent", "memory_request_percent"):
@@ -363,7 +376,11 @@ def pool_pod_for(
     container = _container({key: spec.get(key) for key in POOL_POD_FIELDS}, options)
     labels = {SANDBOX_LABEL: "true", MANAGED_BY_LABEL: MANAGED_BY, POOL_LABEL: meta["name"]}
     annotations = {SPEC_HASH_ANNOTATION: pool_hash(pool)}
-    if binds_at_claim(pool):
+    if binds_at_claim(pool) and options.bind_in_place:
+        pod_spec = _in_place_pod_spec(container, options, claim_sha256)
+        annotations[BIND_IN_PLACE_ANNOTATION] = "true"
+        annotations[GVISOR_OVERLAY_ANNOTATION] = "none"
+    elif binds_at_claim(pool):
         pod_spec = _holding_pod_spec(container, options)
         annotations[BIND_AT_CLAIM_ANNOTATION] = "true"
     else:
@@ -434,6 +451,52 @@ def _holding_pod_spec(container: Obj, options: PodOptions) -> Obj:
     if not starts_agent(container["image"], options.agent_in_images):
         _add_agent_volume(pod_spec, container, options)
     return pod_spec
+
+
+def _in_place_pod_spec(container: Obj, options: PodOptions, claim_sha256: str) -> Obj:
+    """A bindAtClaim pool pod that is the sandbox's pod from the start: the template's
+    container holding it up (the agent's `-hold`, since the image's own command must not
+    run before there is a workspace), its agent started unclaimed beside that, and the
+    workspace volume published empty at HOLD_MOUNT. Nothing in it looks at /workspace
+    before the claim: under gVisor a path looked up once (even found missing) can stay
+    what the sandbox saw then, and the claim mounts the workspace there from the host."""
+    if not options.agent_image:
+        raise SandboxSpecError(
+            "a pool whose workspaces are bound at the claim needs the agent (--agent-image)"
+        )
+    pod_spec = _pod_spec(container, options, None)
+    _add_agent(pod_spec, container, options, ["-claim-token-sha256", claim_sha256])
+    in_image = starts_agent(container["image"], options.agent_in_images)
+    container["command"] = [AGENT_IN_IMAGE if in_image else f"{AGENT_DIR}/agent", "-hold"]
+    container["workingDir"] = "/"
+    container.setdefault("volumeMounts", []).append(
+        {
+            "name": WORKSPACE_VOLUME,
+            "mountPath": HOLD_MOUNT,
+            "readOnly": True,
+            "mountPropagation": "HostToContainer",
+        }
+    )
+    pod_spec.setdefault("volumes", []).append(
+        {
+            "name": WORKSPACE_VOLUME,
+            "csi": {"driver": BLOCKD_DRIVER, "volumeAttributes": {"bindAtClaim": "true"}},
+        }
+    )
+    return pod_spec
+
+
+def binds_in_place(pod: Mapping[str, Any]) -> bool:
+    """Whether a claim of this pool pod binds its workspace beneath its running container."""
+    return bool((pod["metadata"].get("annotations") or {}).get(BIND_IN_PLACE_ANNOTATION))
+
+
+def sandbox_container_id(pod: Mapping[str, Any]) -> str | None:
+    """The runtime's id of the pod's running sandbox container (without containerd://)."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == CONTAINER and "running" in (status.get("state") or {}):
+            return str(status.get("containerID") or "").partition("://")[2] or None
+    return None
 
 
 def ephemeral_container_for(sandbox: Mapping[str, Any], options: PodOptions) -> Obj:

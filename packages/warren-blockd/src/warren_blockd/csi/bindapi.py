@@ -4,7 +4,8 @@ mount from one Secret (sandbox pods cannot reach the address at all: the egress 
 them off private ranges; the token keeps everyone else out).
 
   POST /v1/bind  {"pod_uid", "workspace", and one of "forkOf" | "template" | "size", or
-                 none of them for a workspace that exists}
+                 none of them for a workspace that exists; "container_id"? to mount it at
+                 /workspace of that running container of the pod (csi/rootfs.py)}
                  -> {"workspace", "how"}: forked, from template, created, restored, already bound
   POST /v1/fork  {"source", "children", "siblings"?} -> {"children": {id: error or null},
                  "fork_ms"}: the children made in object storage by the node the source is
@@ -52,9 +53,11 @@ def request_of(body: dict[str, Any]) -> attributes.VolumeRequest:
     uid = body.get("pod_uid")
     if not isinstance(uid, str) or not uid:
         raise invalid("pod_uid is missing: name the claimed pod by its uid")
-    unknown = sorted(k for k in body if k not in (*FIELDS, "pod_uid"))
+    unknown = sorted(k for k in body if k not in (*FIELDS, "pod_uid", "container_id"))
     if unknown:
-        raise invalid(f"unknown field(s) {', '.join(unknown)}: use pod_uid, {', '.join(FIELDS)}")
+        raise invalid(
+            f"unknown field(s) {', '.join(unknown)}: use pod_uid, container_id, {', '.join(FIELDS)}"
+        )
     context = {attributes.EPHEMERAL: "true", attributes.KUBELET_PREFIX + "pod.uid": uid}
     context.update({key: str(body[key]) for key in FIELDS if body.get(key) is not None})
     wanted = attributes.parse(context)
@@ -83,7 +86,8 @@ def routes(publisher: Publisher) -> list[Route]:
     def bind(request: Request) -> dict[str, Any]:
         began = time.monotonic()
         wanted = request_of(request.body)
-        how = publisher.bind(wanted)
+        container = request.body.get("container_id")
+        how = publisher.bind(wanted, str(container) if container is not None else None)
         fields = {
             "workspace": wanted.workspace,
             "how": how,

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from warren_blockd.client import ApiError, Client
-from warren_blockd.csi import mounts
+from warren_blockd.csi import mounts, rootfs
 from warren_blockd.csi.attributes import AwaitingClaim, VolumeRequest, missing_size
 from warren_blockd.csi.errors import CsiError, from_api, unreachable
 from warren_blockd.csi.records import Publication, Records
@@ -36,8 +36,11 @@ Code = grpc.StatusCode
 
 
 class Publisher:
-    def __init__(self, client: Client, plugin_dir: Path, replicate_wait: float) -> None:
+    def __init__(
+        self, client: Client, plugin_dir: Path, replicate_wait: float, runtime_state: Path | None = None
+    ) -> None:
         self.client = client
+        self.runtime_state = runtime_state
         self.records = Records(plugin_dir / "volumes")
         self.staging_root = plugin_dir / "workspaces"
         self.replicate_wait = replicate_wait
@@ -106,10 +109,11 @@ class Publisher:
             )
         return "awaiting its claim"
 
-    def bind(self, request: VolumeRequest) -> str:
+    def bind(self, request: VolumeRequest, container_id: str | None = None) -> str:
         """Name the workspace of the bindAtClaim volume of pod `request.pod_uid` and mount it
-        at that volume's target; returns how it got there. A repeat with the same workspace
-        succeeds again; another workspace is refused (a claimed pod takes one)."""
+        at that volume's target, or with `container_id` at /workspace of that running
+        container's root file system (rootfs.py); returns how it got there. A repeat with the
+        same workspace succeeds again; another workspace is refused (a claimed pod takes one)."""
         found = [r for r in self.records.all() if r.pod_uid == request.pod_uid and request.pod_uid]
         if not found:
             raise CsiError(
@@ -135,10 +139,13 @@ class Publisher:
                     f"pod {record.pod}'s volume is bound to workspace {record.workspace}, not "
                     f"{request.workspace}: a claimed pod takes one workspace",
                 )
-            return self._bind(record, request)
+            target = Path(record.target_path)
+            if container_id is not None:
+                target = rootfs.target(self.runtime_state, container_id, request.pod_uid)
+            return self._bind(record, request, target)
 
-    def _bind(self, record: Publication, request: VolumeRequest) -> str:
-        workspace, target = request.workspace, Path(record.target_path)
+    def _bind(self, record: Publication, request: VolumeRequest, target: Path) -> str:
+        workspace = request.workspace
         began = time.monotonic()
         with self._lock(workspace):
             with self._table:
@@ -149,7 +156,8 @@ class Publisher:
                             f"workspace {workspace} is already published on this node for pod {other.pod}: "
                             "a workspace has one writer; bind a new workspace id",
                         )
-                self.records.save(replace(record, workspace=workspace))
+                elsewhere = str(target) if str(target) != record.target_path else ""
+                self.records.save(replace(record, workspace=workspace, bound_at=elsewhere))
             mounted_now = False
             try:
                 recorded = time.monotonic()
@@ -379,6 +387,10 @@ class Publisher:
         with self._lock(workspace):
             started = time.monotonic()
             flushed = self._flush(workspace)
+            # A bind into a container's root file system is normally gone by now (the
+            # runtime's shim unmounts beneath the root file system as the container goes).
+            for bound in (Path(record.bound_at),) if record.bound_at else ():
+                self._unbind(bound, self.staging(workspace))
             if mounts.mount_at(target) is not None:
                 try:
                     mounts.unmount(target)
@@ -397,6 +409,19 @@ class Publisher:
             fields.update(receipt=final["level"], seq=final["seq"])
         log.info("unpublished", extra={"fields": fields})
         return final
+
+    @staticmethod
+    def _unbind(bound: Path, staging: Path) -> None:
+        """Take down the workspace's bind at `bound` if it is still there (and is ours)."""
+        here, ours = mounts.mount_at(bound), mounts.mount_at(staging)
+        if here is None or ours is None or (here.device, here.root) != (ours.device, ours.root):
+            return
+        try:
+            mounts.unmount(bound)
+        except mounts.MountError as exc:
+            raise CsiError(
+                Code.INTERNAL, f"unmounting {bound}: {exc}; does the pod's container still run?"
+            ) from None
 
     def _flush(self, workspace: str) -> dict[str, Any] | None:
         """Flush and wait for `replicated` up to the bound. A `local` receipt still lets the

@@ -21,6 +21,9 @@ class Publication:
     readonly: bool
     pod: str  # namespace/name, for the logs
     pod_uid: str = ""  # what a bind names the pod by
+    # A bind into a running container's root file system (`<rootfs>/workspace`) instead of
+    # the volume's target: where it is, so the unpublish takes it down if it is still there.
+    bound_at: str = ""
     # A bindAtClaim volume not bound yet: its workspace is "" and nothing is mounted.
 
     @property

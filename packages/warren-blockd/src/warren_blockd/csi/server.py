@@ -47,6 +47,9 @@ class PluginConfig:
     # The bind API (bindapi.py): where it listens and the file holding its token; both or neither.
     bind_address: tuple[str, int] | None = None
     bind_token_file: Path | None = None
+    # The container runtime's state directory (containerd's `state`): a bind may name a
+    # running container of the pod, whose root file system the runtime keeps there.
+    runtime_state: Path | None = None
 
     @property
     def registration_socket(self) -> Path:
@@ -98,7 +101,7 @@ def _remove_if_ours(path: Path, identity: tuple[int, int]) -> None:
 def run(config: PluginConfig) -> int:
     # An unpublish waits for replication at the flush and again at the detach.
     client = Client(config.blockd_socket, timeout=2 * config.replicate_wait + 60)
-    publisher = Publisher(client, config.plugin_dir, config.replicate_wait)
+    publisher = Publisher(client, config.plugin_dir, config.replicate_wait, config.runtime_state)
     stop = threading.Event()
     failure: list[str] = []
 
