@@ -676,6 +676,26 @@ def test_a_forks_child_takes_an_in_place_pod_its_fork_bound_beneath_the_running_
     assert (path, reason) == ("pool", "Claimed") and "beneath its running container" in message
 
 
+def test_a_child_in_an_in_place_pod_is_not_captured_with_memory_and_says_why(
+    claims: list[tuple[str, str, str, dict[str, str]]],
+) -> None:
+    """A restore rebuilds a sandbox's pod as a cold start makes it (/workspace a volume); a
+    workspace bound into a pool pod at the claim is not that, so no image is taken of it."""
+    kube, reconciler, _, _ = bind_pool(IN_PLACE)
+    for index, pod in enumerate(fill(kube, reconciler, "base-forks")):
+        running_sandbox_container(pod, f"{index + 1:064x}")
+    kube.add_sandbox("child", pool="base-forks", workspace=FORK_CHILD, agentTokenSha256="0" * 64)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "child")
+    kube.update_spec("child", stopped=True, memoryCapture=True)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "child")
+    status = kube.status("child")
+    condition = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert status["phase"] == "Running" and condition["reason"] == "MemoryCaptureFailed"
+    assert "fork pool" in condition["message"] and "without memory capture" in condition["message"]
+
+
 def test_a_bind_in_place_the_node_refuses_costs_the_pod_and_the_child_starts_cold(
     claims: list[tuple[str, str, str, dict[str, str]]],
 ) -> None:

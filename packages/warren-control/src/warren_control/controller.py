@@ -1323,9 +1323,8 @@ class Reconciler:
             name,
             (time.monotonic() - binding) * 1000,
         )
-        return " and bound its workspace beneath its running container" + (
-            f"; {crossed}" if crossed else ""
-        ), None
+        said = " and bound its workspace beneath its running container"
+        return said + (f"; {crossed}" if crossed else ""), None
 
     def _await_agent(self, sandbox: Obj, pod: Obj, pool: tuple[str, str] | None) -> None:
         """Ask the new container's agent until it answers, then pass over the Sandbox again:

@@ -775,6 +775,14 @@ def restored_from(pod: Obj, image_path: str) -> Obj:
     with an exec (the agent, from its postStart hook) are not among them, so the hook runs
     again and starts a fresh agent. Only a pod whose containers all ran when it was captured
     can be restored: an init container would be started again."""
+    notes = pod["metadata"].get("annotations") or {}
+    if notes.get(BIND_AT_CLAIM_ANNOTATION) or notes.get(BIND_IN_PLACE_ANNOTATION):
+        # A restore rebuilds the pod as pod_for makes it, with /workspace a volume; this
+        # one's workspace was bound into it at the claim, which a restore cannot redo.
+        raise SandboxSpecError(
+            "memory capture is not supported for a sandbox started in a fork pool's pod (its "
+            "workspace was bound into that pod at the claim): stop it without memory capture"
+        )
     if (pod.get("spec") or {}).get("initContainers"):
         raise SandboxSpecError(
             "memory capture needs an image with the agent in it (the base template's): "
