@@ -101,8 +101,6 @@ func (s *Sampler) Run(ctx context.Context) {
 	}
 }
 
-// Sample takes one sample now and keeps it. A reading that fails skips the
-// sample: the error is returned, and logged the first time that reading fails.
 // MeasureDisk makes the samples from now on describe the filesystem at path (an
 // agent in a pool pod learns at its claim where its workspace is).
 func (s *Sampler) MeasureDisk(path string) {
@@ -111,6 +109,8 @@ func (s *Sampler) MeasureDisk(path string) {
 	s.cfg.DiskPath = path
 }
 
+// Sample takes one sample now and keeps it. A reading that fails skips the
+// sample: the error is returned, and logged the first time that reading fails.
 func (s *Sampler) Sample() error {
 	s.sampling.Lock()
 	defer s.sampling.Unlock()
