@@ -307,31 +307,27 @@ def assert_stale_writer_refused(state: Path, node: str, workspace: str, holder: 
         assert time.monotonic() < deadline, f"{node} did not come back"
         time.sleep(2)
     while True:
+        # Its pod reads as Running as soon as the kubelet starts its containers again; the
+        # daemon in it answers a moment later (a refused connection until then).
         try:
-            back = blockd_pod(state, node)
+            stale = subprocess.run(
+                [
+                    *("kubectl", "--kubeconfig", str(state / "admin.kubeconfig"), "-n", "warren-system"),
+                    *("exec", blockd_pod(state, node), "-c", "blockd", "--"),
+                    *(BLOCKD, "--socket=/run/warren/blockd.sock", "restore", workspace),
+                    "/var/lib/warren/blockd/stale-writer",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=300,
+            )
+        except AssertionError:  # no Running pod of it yet
+            stale = None
+        if stale is not None and "cannot reach the daemon" not in stale.stderr:
             break
-        except AssertionError:
-            assert time.monotonic() < deadline, f"warren-blockd did not come back on {node}"
-            time.sleep(2)
-    stale = subprocess.run(
-        [
-            *(
-                "kubectl",
-                "--kubeconfig",
-                str(state / "admin.kubeconfig"),
-                "-n",
-                "warren-system",
-                "exec",
-                back,
-            ),
-            *("-c", "blockd", "--", BLOCKD, "--socket=/run/warren/blockd.sock", "restore", workspace),
-            "/var/lib/warren/blockd/stale-writer",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
+        assert time.monotonic() < deadline, f"warren-blockd did not come back on {node}: {stale}"
+        time.sleep(2)
     assert stale.returncode != 0, stale.stdout
     assert "held" in stale.stderr and f"attached on node {holder}" in stale.stderr, stale.stderr
 
