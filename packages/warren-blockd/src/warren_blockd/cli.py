@@ -541,14 +541,7 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--socket", default=os.environ.get("WARREN_BLOCKD_SOCKET", DEFAULT_SOCKET))
     sub = top.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("serve", help="run the daemon (as root: FUSE, loop devices, mounts)")
-    s.add_argument(
-        "--store",
-        default=os.environ.get("WARREN_BLOCKD_STORE"),
-        required="WARREN_BLOCKD_STORE" not in os.environ,
-        help="s3://BUCKET[/PREFIX] or file:///DIRECTORY",
-    )
-    s.add_argument("--s3-endpoint", default=os.environ.get("WARREN_BLOCKD_S3_ENDPOINT"))
+    s = _store_command(sub, "serve", "run the daemon (as root: FUSE, loop devices, mounts)")
     s.add_argument("--state-dir", default=os.environ.get("WARREN_BLOCKD_STATE", "/var/lib/warren-blockd"))
     s.add_argument(
         "--backlog-bound", type=size, default=size("256M"), help="un-replicated bytes before writers wait"
