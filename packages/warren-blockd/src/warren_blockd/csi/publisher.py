@@ -389,8 +389,8 @@ class Publisher:
             flushed = self._flush(workspace)
             # A bind into a container's root file system is normally gone by now (the
             # runtime's shim unmounts beneath the root file system as the container goes).
-            for bound in (Path(record.bound_at),) if record.bound_at else ():
-                self._unbind(bound, self.staging(workspace))
+            if record.bound_at:
+                self._unbind(Path(record.bound_at), self.staging(workspace))
             if mounts.mount_at(target) is not None:
                 try:
                     mounts.unmount(target)
