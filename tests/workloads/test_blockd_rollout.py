@@ -9,6 +9,7 @@ workspace."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -96,12 +97,33 @@ def read_back(platform: Any, sandbox_id: str, written: dict[str, str]) -> None:
     assert differ == [], f"{sandbox_id}: files differ or are missing: {differ[:10]}"
 
 
+def nodes_of(core: client.CoreV1Api, workspaces: set[str]) -> dict[str, list[str]]:
+    """workspace -> the nodes of the pods that mount it (more than one: it moved)."""
+    found: dict[str, list[str]] = {w: [] for w in workspaces}
+    for pod in core.list_pod_for_all_namespaces(label_selector="warren.dev/workspace").items:
+        workspace = pod.metadata.labels.get("warren.dev/workspace")
+        if workspace in found:
+            found[workspace].append(str(pod.spec.node_name))
+    return found
+
+
+def old_logs(core: client.CoreV1Api, names: set[str], kept: dict[str, str]) -> None:
+    """The old daemons' last lines, read while their pods are still there: what each handed
+    over is in them, and nothing else keeps it once the rollout deleted the pod."""
+    for name in names:
+        with contextlib.suppress(client.ApiException):  # gone: the last read stays
+            kept[name] = core.read_namespaced_pod_log(name, SYSTEM, container="blockd")[-1500:]
+
+
 def test_rolling_blockd_under_four_writing_sandboxes(
     api: client.ApiClient, platform: Any, writers: list[str]
 ) -> None:
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     wait_writes(platform, writers, {}, 20)
     old_pods = {p.metadata.name for p in blockd_pods(core)}
+    wanted = {platform.workspace_proof(s).workspace_id for s in writers}
+    placed = nodes_of(core, wanted)
+    last_old: dict[str, str] = {}
     before = {s: len(journal(platform, s)) for s in writers}
 
     # The rollout: a changed template annotation, as `kubectl rollout restart` makes.
@@ -111,10 +133,12 @@ def test_rolling_blockd_under_four_writing_sandboxes(
         SYSTEM,
         {"spec": {"template": {"metadata": {"annotations": {"warren.dev/rolled-at": stamp}}}}},
     )
-    wait_for(
-        "the DaemonSet's rollout, the old pods gone",
-        lambda: blockd_rolled_out(apps) and not old_pods & {p.metadata.name for p in blockd_pods(core)},
-    )
+
+    def rolled() -> bool:
+        old_logs(core, old_pods, last_old)
+        return blockd_rolled_out(apps) and not old_pods & {p.metadata.name for p in blockd_pods(core)}
+
+    wait_for("the DaemonSet's rollout, the old pods gone", rolled)
     new_pods = blockd_pods(core)
     assert new_pods and not {p.metadata.name for p in new_pods} & old_pods
     # The new daemons took the writers' workspaces over, each on its own node (no plain
@@ -129,9 +153,11 @@ def test_rolling_blockd_under_four_writing_sandboxes(
         if took_over:
             taken |= set(took_over[-1]["workspaces"])
             print("took over:", took_over[-1])
-    wanted = {platform.workspace_proof(s).workspace_id for s in writers}
     tails = {name: log[-2000:] for name, log in logs.items()}
-    assert wanted <= taken, f"not taken over by handoff: {sorted(wanted - taken)}; logs: {tails}"
+    assert wanted <= taken, (
+        f"not taken over by handoff: {sorted(wanted - taken)}; the writers' nodes before: {placed}, "
+        f"now: {nodes_of(core, wanted)}; new daemons' logs: {tails}; old daemons' last logs: {last_old}"
+    )
     # The sandboxes wrote on through it, served by the new daemon.
     wait_writes(platform, writers, before, 20)
 
