@@ -162,10 +162,11 @@ def gone(core: client.CoreV1Api, pod: Any) -> None:
     wait_for(f"pod {pod.metadata.name} gone", absent, timeout=120)
 
 
-def in_blockd(core: client.CoreV1Api, script: str) -> str:
-    """The last line a Python `script` prints, run in the node's warren-blockd with `store`,
-    its own client of the deployment's object storage."""
-    blockd = core.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=warren-blockd").items[0]
+def in_blockd(core: client.CoreV1Api, script: str, node: str | None = None) -> str:
+    """The last line a Python `script` prints, run in a node's warren-blockd (`node`'s, or
+    any) with `store`, its own client of the deployment's object storage."""
+    pods = core.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=warren-blockd").items
+    blockd = next(p for p in pods if node in (None, p.spec.node_name))
     args = blockd.spec.containers[0].args
     store = next(a.split("=", 1)[1] for a in args if a.startswith("--store="))
     endpoint = next((a.split("=", 1)[1] for a in args if a.startswith("--s3-endpoint=")), None)
@@ -182,6 +183,29 @@ def in_blockd(core: client.CoreV1Api, script: str) -> str:
         tty=False,
     )
     return str(out).strip().splitlines()[-1]
+
+
+def flip_kept(core: client.CoreV1Api, node: str, image: str) -> str:
+    """Flip one byte of every file of `image` that `node`'s warren-blockd keeps (once per
+    file: copies share files by links): the files' names."""
+    return in_blockd(
+        core,
+        f"""
+from pathlib import Path
+names, seen = set(), set()
+for copy in Path("/var/lib/warren/blockd/images").glob("{image}.*"):
+    for file in copy.iterdir():
+        if file.stat().st_ino not in seen:
+            seen.add(file.stat().st_ino)
+            names.add(file.name)
+            with file.open("r+b") as f:
+                byte = f.read(1)
+                f.seek(0)
+                f.write(bytes([byte[0] ^ 1]))
+print(sorted(names))
+""",
+        node,
+    )
 
 
 def flip_a_byte(core: client.CoreV1Api, image: str) -> str:
@@ -278,9 +302,13 @@ def test_a_paused_sandbox_resumes_with_its_memory_and_a_bad_image_is_refused(
     with pytest.raises(BindError, match=f"is valid over record {sealed}"):
         binder.stage(node, record["image"], workspace, sealed)
 
-    # One flipped byte in storage: refused before any of it is used.
+    # One flipped byte in storage, and in the copies the node kept of the image (from its
+    # capture and stagings, which a staging there would link instead of fetching): refused
+    # before any of it is used.
     key = flip_a_byte(core, record["image"])
-    print("flipped a byte of", key)
+    kept = flip_kept(core, node, record["image"])
+    print("flipped a byte of", key, "and of", kept)
+    assert kept != "[]", "the node keeps the files of the image it captured and staged"
     with pytest.raises(BindError, match=r"piece [0-9a-f]{64} is corrupt"):
         binder.stage(
             node, record["image"], workspace, platform.workspace_proof(sandbox_id).replicated_sequence

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from warren_blockd import chunks
+from warren_blockd import chunks, memory
 from warren_blockd.blobs.policy import PolicyStore
 from warren_blockd.daemon import BlockdError
 from warren_blockd.gc import gc
@@ -60,6 +62,68 @@ def test_a_staged_image_is_the_captured_files_where_the_host_sees_them(
     doc = json.loads(store.get(f"images/{image_id}"))
     pages = next(f for f in doc["files"] if f["name"] == "pages.img")
     assert len(pages["pieces"]) == 3
+
+
+def test_a_second_staging_links_the_files_kept_here_once_each_is_checked_again(
+    store: PolicyStore, tmp_path: Path
+) -> None:
+    image_id, files = store_image(store, tmp_path)
+    first = images(store, tmp_path).stage(image_id, WORKSPACE, 0)
+    assert first["local"] is False
+    here = tmp_path / "state" / "images"
+    kept = here / first["path"].removeprefix("/host/state/images/")
+    # Without the pieces in storage, only the kept copy can serve the second staging.
+    doc = json.loads(store.get(f"images/{image_id}"))
+    pieces = {p for f in doc["files"] for p in f["pieces"]}
+    for digest in pieces:
+        store.delete(f"images/{chunks.key_for(digest)}")
+    second = images(store, tmp_path).stage(image_id, WORKSPACE, 0)
+    assert second["local"] is True and second["path"] != first["path"]
+    copy = here / second["path"].removeprefix("/host/state/images/")
+    assert {p.name: p.read_bytes() for p in copy.iterdir()} == files
+    assert (copy / "pages.img").stat().st_ino == (kept / "pages.img").stat().st_ino
+    # A kept file that changed is never used: with nothing in storage either, refused.
+    for copy_dir in here.iterdir():
+        with (copy_dir / "pages.img").open("r+b") as f:
+            f.seek(5)
+            byte = f.read(1)
+            f.seek(5)
+            f.write(bytes([byte[0] ^ 1]))
+            break  # the files are linked: one write changes every copy
+    with pytest.raises(BlockdError, match="is missing") as exc:
+        images(store, tmp_path).stage(image_id, WORKSPACE, 0)
+    assert exc.value.code == "corrupt_image"
+
+
+def test_kept_copies_past_the_byte_bound_go_oldest_first_but_never_a_fresh_one(
+    store: PolicyStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image_id, _ = store_image(store, tmp_path)
+    staged = images(store, tmp_path).stage(image_id, WORKSPACE, 0)
+    here = tmp_path / "state" / "images"
+    older = here / staged["path"].removeprefix("/host/state/images/")
+    newer = here / f"{image_id}.{'b' * 8}"
+    shutil.copytree(older, newer)  # files of its own, not linked
+    size = sum(f.stat().st_size for f in older.iterdir())
+    monkeypatch.setattr(memory, "STAGED_KEEP_BYTES", size)  # room for one
+    monkeypatch.setattr(memory, "STAGED_KEEP_S", float("inf"))
+
+    def age(path: Path, seconds: float) -> None:
+        os.utime(path, (time.time() - seconds,) * 2)
+
+    # Over the bound, but both fresh: both stay.
+    age(newer, memory.STAGED_FRESH_S - 60)
+    age(older, memory.STAGED_FRESH_S - 30)
+    images(store, tmp_path).stage(image_id, WORKSPACE, 0, into="ws_c1")
+    assert older.exists() and newer.exists()
+    # Neither fresh now: the one used longest ago goes, the other (within the bound) stays.
+    age(newer, memory.STAGED_FRESH_S + 10)
+    age(older, memory.STAGED_FRESH_S + 20)
+    for path in here.iterdir():
+        if path not in (older, newer):
+            shutil.rmtree(path)  # the staging just made: only the two compete
+    images(store, tmp_path).stage(image_id, WORKSPACE, 0, into="ws_c2")
+    assert not older.exists() and newer.exists()
 
 
 def test_an_image_over_a_workspace_written_since_is_refused_by_name(
@@ -243,7 +307,9 @@ def test_a_capture_freezes_checkpoints_and_leaves_the_sandbox_frozen(
     assert calls(runsc) == ["list", "state", "pause", "checkpoint"]
     assert captured["workspace"] == WORKSPACE and captured["bytes"] == 6000
     assert store.exists(f"images/{captured['image']}")
-    assert list((tmp_path / "state" / "images").iterdir()) == []  # the work directory went
+    # The work directory is the node's first copy of the image, under the image's id.
+    (kept,) = (tmp_path / "state" / "images").iterdir()
+    assert kept.name.startswith(f"{captured['image']}.")
 
 
 def test_a_failed_checkpoint_lets_the_sandbox_run_on(store: PolicyStore, tmp_path: Path) -> None:

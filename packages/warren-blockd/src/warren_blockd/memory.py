@@ -20,10 +20,16 @@ deletes the pod and discards the frozen sandbox (its processes killed where they
 that nothing of it runs after the capture, not even its handlers of the runtime's SIGTERM. Staging checks
 the manifest against its id, every piece against its digest and every file against its
 digest before the directory appears under its final name; runsc reads nothing else.
+
+The node keeps what it captured or staged (images/<image id>.<token>, STAGED_KEEP_S, at most
+STAGED_KEEP_BYTES): a later staging of the same image on this node, the restore that proves
+it or the resume, links those files into its own directory once each again has the digest
+and size the manifest names, instead of fetching them. Nothing kept is used unchecked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -56,8 +62,12 @@ IMAGE_ID_LENGTH = 64
 RESTORE_ANNOTATION = "dev.gvisor.internal.restore.image-path"
 STAGED_DIR = "images"
 COMMAND_TIMEOUT_S = 120.0
-# A staged copy serves one restore, which reads it within seconds; later stagings remove it.
-STAGED_KEEP_S = 600.0
+# Staged copies serve their restore within seconds and stay for a later staging of the same
+# image here (a resume after a pause), the oldest removed first past either bound.
+STAGED_KEEP_S = 3600.0
+STAGED_KEEP_BYTES = 2 << 30
+# Never removed for bytes while younger: a restore may be reading it.
+STAGED_FRESH_S = 300.0
 
 
 def check_image_id(image_id: str) -> str:
@@ -160,6 +170,9 @@ class Images:
             if receipt.level != "replicated":
                 raise BlockdError("not_replicated", f"workspace {workspace} did not reach storage")
             image_id, size = self.keep(work, workspace, receipt.seq)
+            # The files just stored are this node's first copy of the image (staging checks
+            # them again before any restore reads them).
+            work.rename(self.dir / f"{image_id}.{secrets.token_hex(4)}")
         except Exception:
             if paused:  # no image: the sandbox carries on as it was
                 self._thaw(runsc, sandbox)
@@ -286,14 +299,17 @@ class Images:
         else:
             self._fork_at(workspace, workspace_seq, into, image_id)
         self._prune()
-        # A copy of its own for each staging, verified as it is written: a restore reads its
-        # image at once, and nothing staged earlier is trusted again.
+        # A directory of its own for each staging, every file verified as it is written: a
+        # restore reads its image at once. Files kept on this node are linked in instead of
+        # fetched, once each again has the digest and size the manifest names.
         final = self.dir / f"{image_id}.{secrets.token_hex(4)}"
         work = self.dir / f".stage-{final.name}"
         work.mkdir()
+        kept = self._kept(image_id)
         try:
             for item in doc["files"]:
-                self._fetch(image_id, item, work)
+                if not self._link_kept(kept, item, work):
+                    self._fetch(image_id, item, work)
             work.rename(final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -302,6 +318,7 @@ class Images:
             "workspace": into or workspace,
             "path": str(self.host_dir / final.name),
             "stage_ms": round((time.monotonic() - began) * 1000),
+            "local": bool(kept),
         }
         log.info("staged", extra={"fields": result})
         return result
@@ -364,12 +381,56 @@ class Images:
         if whole.hexdigest() != item["sha256"] or (work / name).stat().st_size != item["size"]:
             raise BlockdError("corrupt_image", f"image {image_id}: {name} is not the file it names")
 
-    def _prune(self) -> None:
-        """Remove staged copies (and work left by a crash) older than STAGED_KEEP_S."""
-        for path in self.dir.iterdir():
+    def _kept(self, image_id: str) -> list[Path]:
+        """This node's copies of the image, newest first (complete ones: a copy gets its
+        final name only once every file in it was written)."""
+        found = []
+        for path in self.dir.glob(f"{image_id}.*"):
+            with contextlib.suppress(FileNotFoundError):  # pruned meanwhile
+                found.append((path.stat().st_mtime, path))
+        return [path for _, path in sorted(found, reverse=True)]
+
+    def _link_kept(self, kept: list[Path], item: dict[str, Any], work: Path) -> bool:
+        """Link the file `item` names into `work` from a kept copy whose file has its digest
+        and size now; False if none has."""
+        name = str(item["name"])
+        for copy in kept:
+            source = copy / name
             try:
-                old = time.time() - path.stat().st_mtime > STAGED_KEEP_S
+                if source.stat().st_size != item["size"] or _sha256_of(source) != item["sha256"]:
+                    continue
+                os.link(source, work / name)
             except FileNotFoundError:
-                continue
-            if old:
+                continue  # pruned meanwhile, or never had this file
+            os.utime(copy)  # in use: the last to be pruned
+            return True
+        return False
+
+    def _prune(self) -> None:
+        """Remove staged copies (and work left by a crash) older than STAGED_KEEP_S, and
+        the oldest copies past STAGED_KEEP_BYTES (a file linked into several counted once)
+        unless younger than STAGED_FRESH_S."""
+        ages = []
+        for path in self.dir.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                ages.append((time.time() - path.stat().st_mtime, path))
+        seen: set[int] = set()
+        total = 0
+        for age, path in sorted(ages):
+            if not path.name.startswith("."):  # work under way counts no bytes
+                total += self._new_bytes(path, seen)
+            over = total > STAGED_KEEP_BYTES and age > STAGED_FRESH_S
+            if age > STAGED_KEEP_S or over:
                 shutil.rmtree(path, ignore_errors=True)
+
+    @staticmethod
+    def _new_bytes(copy: Path, seen: set[int]) -> int:
+        """The bytes of `copy`'s files not already counted in `seen` (by inode)."""
+        total = 0
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for file in copy.iterdir():
+                info = file.stat()
+                if info.st_ino not in seen:
+                    seen.add(info.st_ino)
+                    total += info.st_size
+        return total
