@@ -154,9 +154,18 @@ def test_rolling_blockd_under_four_writing_sandboxes(
             taken |= set(took_over[-1]["workspaces"])
             print("took over:", took_over[-1])
     tails = {name: log[-2000:] for name, log in logs.items()}
+    # A node taken for lost (services.node_lost_seconds) moves its sandboxes: NodeLost says so.
+    conditions = {s: [c for c in platform.get(s).conditions if c.status != "False"] for s in writers}
+    ready = {
+        n.metadata.name: [
+            (c.status, str(c.last_transition_time)) for c in n.status.conditions if c.type == "Ready"
+        ]
+        for n in core.list_node().items
+    }
     assert wanted <= taken, (
         f"not taken over by handoff: {sorted(wanted - taken)}; the writers' nodes before: {placed}, "
-        f"now: {nodes_of(core, wanted)}; new daemons' logs: {tails}; old daemons' last logs: {last_old}"
+        f"now: {nodes_of(core, wanted)}; the writers' conditions: {conditions}; "
+        f"the nodes' Ready: {ready}; new daemons' logs: {tails}; old daemons' last logs: {last_old}"
     )
     # The sandboxes wrote on through it, served by the new daemon.
     wait_writes(platform, writers, before, 20)

@@ -306,10 +306,12 @@ class Images:
         work = self.dir / f".stage-{final.name}"
         work.mkdir()
         kept = self._kept(image_id)
+        fetched = 0
         try:
             for item in doc["files"]:
                 if not self._link_kept(kept, item, work):
                     self._fetch(image_id, item, work)
+                    fetched += 1
             work.rename(final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -318,7 +320,7 @@ class Images:
             "workspace": into or workspace,
             "path": str(self.host_dir / final.name),
             "stage_ms": round((time.monotonic() - began) * 1000),
-            "local": bool(kept),
+            "local": fetched == 0,  # every file linked from a copy kept here
         }
         log.info("staged", extra={"fields": result})
         return result
