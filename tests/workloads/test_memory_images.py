@@ -164,13 +164,19 @@ def gone(core: client.CoreV1Api, pod: Any) -> None:
 
 def in_blockd(core: client.CoreV1Api, script: str, node: str | None = None) -> str:
     """The last line a Python `script` prints, run in a node's warren-blockd (`node`'s, or
-    any) with `store`, its own client of the deployment's object storage."""
+    any) with `store`, its own client of the deployment's object storage, and `state`, its
+    state directory."""
     pods = core.list_namespaced_pod(SYSTEM, label_selector="app.kubernetes.io/name=warren-blockd").items
     blockd = next(p for p in pods if node in (None, p.spec.node_name))
     args = blockd.spec.containers[0].args
-    store = next(a.split("=", 1)[1] for a in args if a.startswith("--store="))
-    endpoint = next((a.split("=", 1)[1] for a in args if a.startswith("--s3-endpoint=")), None)
-    prelude = f"from warren_blockd.stores import open_store\nstore = open_store({store!r}, {endpoint!r})\n"
+
+    def arg(name: str) -> str | None:
+        return next((a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")), None)
+
+    prelude = (
+        "from pathlib import Path\nfrom warren_blockd.stores import open_store\n"
+        f"store = open_store({arg('store')!r}, {arg('s3-endpoint')!r})\nstate = Path({arg('state-dir')!r})\n"
+    )
     out = stream(
         core.connect_get_namespaced_pod_exec,
         blockd.metadata.name,
@@ -191,9 +197,9 @@ def flip_kept(core: client.CoreV1Api, node: str, image: str) -> str:
     return in_blockd(
         core,
         f"""
-from pathlib import Path
+from warren_blockd.memory import STAGED_DIR
 names, seen = set(), set()
-for copy in Path("/var/lib/warren/blockd/images").glob("{image}.*"):
+for copy in (state / STAGED_DIR).glob("{image}.*"):
     for file in copy.iterdir():
         if file.stat().st_ino not in seen:
             seen.add(file.stat().st_ino)
