@@ -14,7 +14,12 @@ file in the gVisor sandbox's own memory, which does not compress) and counts:
   restore (a pod restored from it onto a fork of the workspace ran, and is gone);
   `sealed_ms` is the part until the seal, `verify_ms` the proof's restore alone;
 - resume: a start until a command run through the API answers, read from the restored
-  process (its counter carried on from where it stood, or the sample fails).
+  process (its counter carried on from where it stood, or the sample fails), in a resume
+  slot: the run keeps a resume pool (SandboxPool `resume: true`) of the samples' image,
+  command and size, one slot per Ready node, as an operator would for the sandboxes they
+  pause;
+- resume_in_new_pod: the same for a second sandbox that no slot fits (its command differs
+  by a comment), whose resume makes its pod, as every resume did before resume slots.
 
 `image_mib_per_rss_mib` is the stored image's size over the sandbox's memory in use as
 its own /proc/meminfo reports it at the pause. `resume_over_cold` is the ratio the issue
@@ -29,6 +34,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,7 @@ from warren_control.podspec import GROUP, PLURAL, VERSION
 from warren_control.sdk import Client, WarrenError
 
 RESULTS = Path(__file__).parent / "results" / "pause.json"
+POOL = "bench-pause-resumes"
 SYSTEM = "warren-system"
 WAIT_S = 300.0
 POLL_S = 0.05  # fine enough for the figures it times
@@ -125,32 +132,89 @@ def resume_elsewhere(warren: Client, kube: Kube, sandbox_id: str, workspace: str
     return resumed_ms
 
 
-def sample(warren: Client, kube: Kube, image: str, hold_mib: int, elsewhere: bool) -> dict[str, float]:
-    began = time.perf_counter()
-    created = warren.create(
-        image, command=["sh", "-c", HOLD.format(mib=hold_mib, count=COUNT)], memory_mib=256
+def pools_path(namespace: str) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/sandboxpools"
+
+
+def keep_slots(kube: Kube, sandbox: dict[str, Any], size: int) -> str:
+    """A resume pool of the Sandbox's image, command and size, `size` slots; its namespace."""
+    spec, namespace = sandbox["spec"], sandbox["metadata"]["namespace"]
+    pool_spec = {key: spec[key] for key in ("image", "command", "resources", "reservation") if spec.get(key)}
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SandboxPool",
+        "metadata": {"name": POOL},
+        "spec": {**pool_spec, "resume": True, "size": size, "refillPerSecond": 10},
+    }
+    kube.request("POST", pools_path(namespace), body=body)
+    return str(namespace)
+
+
+def slots_ready(kube: Kube, namespace: str, size: int) -> bool:
+    """Whether the pool has `size` slots waiting, spread over the nodes as far as it goes."""
+    pods = kube.request(
+        "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": f"warren.dev/pool={POOL}"}
     )
+    waiting = [
+        p
+        for p in pods.get("items") or []
+        if not p["metadata"].get("deletionTimestamp") and p["spec"].get("nodeName")
+    ]
+    status = kube.request("GET", f"{pools_path(namespace)}/{POOL}").get("status") or {}
+    return int(status.get("ready") or 0) >= size and len({p["spec"]["nodeName"] for p in waiting}) >= min(
+        size, 2
+    )
+
+
+def sandbox_of(kube: Kube, workspace: str) -> dict[str, Any]:
+    """The Sandbox resource with this workspace."""
+    listed = kube.request("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")
+    for item in listed.get("items") or []:
+        if ((item.get("spec") or {}).get("workspace") or {}).get("id") == workspace:
+            return dict(item)
+    raise SystemExit(f"bench-pause: no Sandbox resource with workspace {workspace} in this cluster")
+
+
+def pause_and_resume(
+    warren: Client, kube: Kube, sandbox_id: str, workspace: str
+) -> tuple[float, float, float, dict[str, Any]]:
+    """(pause ms, of which sealed ms, resume ms, the image record) of one pause and resume."""
+    before = answers(warren, sandbox_id) or 0
+    began = time.perf_counter()
+    warren.stop(sandbox_id, memory=True)
+    soon(lambda: memory_image(kube, workspace), "the memory image sealed")
+    sealed_ms = (time.perf_counter() - began) * 1000
+    record = soon(lambda: memory_image(kube, workspace, proved=True), "the memory image proved")
+    pause_ms = (time.perf_counter() - began) * 1000
+    began = time.perf_counter()
+    warren.start(sandbox_id)
+    count = soon(lambda: answers(warren, sandbox_id), "the resumed sandbox answers")
+    resume_ms = (time.perf_counter() - began) * 1000
+    if count < before:
+        raise SystemExit(f"bench-pause: the resumed counter read {count}, below {before}: not restored")
+    return pause_ms, sealed_ms, resume_ms, record
+
+
+def sample(
+    warren: Client,
+    kube: Kube,
+    image: str,
+    hold_mib: int,
+    *,
+    elsewhere: bool,
+    slots: Callable[[dict[str, Any]], None],
+) -> dict[str, float]:
+    command = ["sh", "-c", HOLD.format(mib=hold_mib, count=COUNT)]
+    began = time.perf_counter()
+    created = warren.create(image, command=command, memory_mib=256)
     try:
         soon(lambda: answers(warren, created.id), "the cold sandbox answers")
         cold_ms = (time.perf_counter() - began) * 1000
         soon(lambda: (answers(warren, created.id) or 0) > 3, "the held memory is written")
         rss = in_use_mib(warren, created.id)
-        before = answers(warren, created.id) or 0
         workspace = warren.workspace_proof(created.id).workspace_id
-
-        began = time.perf_counter()
-        warren.stop(created.id, memory=True)
-        soon(lambda: memory_image(kube, workspace), "the memory image sealed")
-        sealed_ms = (time.perf_counter() - began) * 1000
-        record = soon(lambda: memory_image(kube, workspace, proved=True), "the memory image proved")
-        pause_ms = (time.perf_counter() - began) * 1000
-
-        began = time.perf_counter()
-        warren.start(created.id)
-        count = soon(lambda: answers(warren, created.id), "the resumed sandbox answers")
-        resume_ms = (time.perf_counter() - began) * 1000
-        if count < before:
-            raise SystemExit(f"bench-pause: the resumed counter read {count}, below {before}: not restored")
+        slots(sandbox_of(kube, workspace))
+        pause_ms, sealed_ms, resume_ms, record = pause_and_resume(warren, kube, created.id, workspace)
         other = (
             {"resume_other_node_ms": resume_elsewhere(warren, kube, created.id, workspace)}
             if elsewhere
@@ -158,6 +222,7 @@ def sample(warren: Client, kube: Kube, image: str, hold_mib: int, elsewhere: boo
         )
         return {
             **other,
+            "resume_in_new_pod_ms": resume_in_new_pod(warren, kube, image, command),
             "cold_ms": cold_ms,
             "pause_ms": pause_ms,
             "sealed_ms": sealed_ms,
@@ -168,6 +233,17 @@ def sample(warren: Client, kube: Kube, image: str, hold_mib: int, elsewhere: boo
         }
     finally:
         warren.delete(created.id)
+
+
+def resume_in_new_pod(warren: Client, kube: Kube, image: str, command: list[str]) -> float:
+    """A resume of a sandbox no slot fits (its command differs by a comment): ms."""
+    other = warren.create(image, command=[*command[:2], command[2] + "# no slot fits\n"], memory_mib=256)
+    try:
+        soon(lambda: (answers(warren, other.id) or 0) > 3, "the second sandbox counts")
+        workspace = warren.workspace_proof(other.id).workspace_id
+        return pause_and_resume(warren, kube, other.id, workspace)[2]
+    finally:
+        warren.delete(other.id)
 
 
 def ready_nodes(kube: Kube) -> int:
@@ -185,8 +261,23 @@ def measure(url: str, key: str, kubeconfig: str, samples: int, hold_mib: int) ->
     kube = Kube.connect(kubeconfig)
     image = base_image(kube)
     count = ready_nodes(kube)
-    with Client(url, key, timeout=60.0) as warren:
-        runs = [sample(warren, kube, image, hold_mib, elsewhere=count > 1) for _ in range(samples)]
+    namespace: list[str] = []
+
+    def slots(sandbox: dict[str, Any]) -> None:
+        """The resume pool, made for the first sample's shape; every resume waits for its slots."""
+        if not namespace:
+            namespace.append(keep_slots(kube, sandbox, count))
+        soon(lambda: slots_ready(kube, namespace[0], count), "the resume pool's slots waiting")
+
+    try:
+        with Client(url, key, timeout=60.0) as warren:
+            runs = [
+                sample(warren, kube, image, hold_mib, elsewhere=count > 1, slots=slots)
+                for _ in range(samples)
+            ]
+    finally:
+        if namespace:
+            kube.request("DELETE", f"{pools_path(namespace[0])}/{POOL}")
     p50 = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
     return {
         "samples": samples,
@@ -198,6 +289,9 @@ def measure(url: str, key: str, kubeconfig: str, samples: int, hold_mib: int) ->
         "resume_ms_p50": round(p50["resume_ms"], 1),
         "cold_create_to_exec_ms_p50": round(p50["cold_ms"], 1),
         "resume_over_cold": round(p50["resume_ms"] / p50["cold_ms"], 3),
+        "resume_in_new_pod_ms_p50": round(p50["resume_in_new_pod_ms"], 1),
+        "resume_in_new_pod_over_cold": round(p50["resume_in_new_pod_ms"] / p50["cold_ms"], 3),
+        "resume_slots": f"a resume pool of the samples' shape, {count} slot(s)",
         "image_mib_p50": round(p50["image_mib"], 1),
         "rss_mib_p50": round(p50["rss_mib"], 1),
         "image_mib_per_rss_mib": round(p50["image_mib"] / p50["rss_mib"], 3),

@@ -360,6 +360,98 @@ def test_a_paused_sandbox_resumes_with_its_memory_on_another_node_when_its_own_t
     assert platform.read_file(sandbox_id, "/workspace/kept") == b"kept\n"
 
 
+RESUMES = "test-resumes"
+
+
+@contextmanager
+def resume_pool(api: client.ApiClient, sandbox: dict[str, Any], size: int) -> Iterator[str]:
+    """A resume pool (SandboxPool `resume: true`) of the Sandbox's image, command and size,
+    with `size` slots waiting; its namespace. Deleted after, its slots with it."""
+    objects = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+    spec, namespace = sandbox["spec"], sandbox["metadata"]["namespace"]
+    shape = {key: spec[key] for key in ("image", "command", "resources", "reservation") if spec.get(key)}
+    body = {
+        "apiVersion": "warren.dev/v1alpha1",
+        "kind": "SandboxPool",
+        "metadata": {"name": RESUMES},
+        "spec": {**shape, "resume": True, "size": size, "refillPerSecond": 10},
+    }
+    objects.create_namespaced_custom_object("warren.dev", "v1alpha1", namespace, "sandboxpools", body)
+    try:
+
+        def waiting() -> bool:
+            pool = objects.get_namespaced_custom_object(
+                "warren.dev", "v1alpha1", namespace, "sandboxpools", RESUMES
+            )
+            return int((pool.get("status") or {}).get("ready") or 0) >= size
+
+        wait_for(f"{size} resume slot(s) waiting", waiting, timeout=120)
+        yield namespace
+    finally:
+        objects.delete_namespaced_custom_object("warren.dev", "v1alpha1", namespace, "sandboxpools", RESUMES)
+
+        def slots_gone() -> bool:
+            selector = f"warren.dev/pool={RESUMES}"
+            return not core.list_namespaced_pod(namespace, label_selector=selector).items
+
+        # A slot's sandbox waits for an image inside the runtime's request: deleting its pod
+        # must end that wait, not outlast it.
+        wait_for("the resume pool's slots gone", slots_gone, timeout=60)
+
+
+def the_sandbox(api: client.ApiClient, pod: Any) -> dict[str, Any]:
+    owner = next(o for o in pod.metadata.owner_references if o.kind == "Sandbox")
+    found = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "warren.dev", "v1alpha1", pod.metadata.namespace, "sandboxes", owner.name
+    )
+    return dict(found)
+
+
+def test_a_paused_sandbox_resumes_in_a_slot_made_ahead_with_its_memory(
+    api: client.ApiClient, platform: Any, counter: tuple[str, str, Any]
+) -> None:
+    """A resume pool of the sandbox's shape keeps a pod waiting for an image: the resume
+    claims it, binds the workspace there and puts the image in place, and the process
+    carries on in that pod (no pod made at the resume) with what it held in memory."""
+    core = client.CoreV1Api(api)
+    sandbox_id, workspace, pod = counter
+    with resume_pool(api, the_sandbox(api, pod), 1) as namespace:
+        (slot,) = core.list_namespaced_pod(namespace, label_selector=f"warren.dev/pool={RESUMES}").items
+        assert slot.status.phase == "Pending", "a slot's sandbox waits for its image"
+        assert slot.metadata.annotations[RESTORE_ANNOTATION].endswith(f"/slot-{slot.metadata.name}")
+        before = state(core, pod)
+        platform.stop(sandbox_id, memory=True)
+        assert platform.wait_until(sandbox_id, "Stopped", timeout=WAIT_S).phase == "Stopped"
+        record = wait_for("the image proved by a restore", lambda: proved_image(api, pod))
+        platform.start(sandbox_id)
+        assert platform.wait_until(sandbox_id, "Running", timeout=WAIT_S).phase == "Running"
+        (resumed,) = core.list_pod_for_all_namespaces(
+            label_selector=f"warren.dev/workspace={workspace}"
+        ).items
+        assert resumed.metadata.uid == slot.metadata.uid, "resumed in the slot, not in a pod made for it"
+        assert resumed.metadata.annotations.get("warren.dev/claimed-from") == RESUMES
+        assert sandbox_status(api, resumed).get("restoredFrom") == record["image"]
+        secret, count = api_state(platform, sandbox_id)
+        assert secret == before[0], "the process restored in the slot has the secret it drew before"
+        assert count >= before[1], "its counter carried on from where it stood"
+        wait_for("the restored counter to count on", lambda: api_state(platform, sandbox_id)[1] > count)
+        assert platform.read_file(sandbox_id, "/workspace/kept") == b"kept\n"
+        platform.run(sandbox_id, ["sh", "-c", "echo resumed > /workspace/resumed && sync"], timeout=60)
+        assert platform.read_file(sandbox_id, "/workspace/resumed") == b"resumed\n"
+        # The slot taken, the pool makes another.
+        wait_for(
+            "a new slot waiting",
+            lambda: [
+                p
+                for p in core.list_namespaced_pod(
+                    namespace, label_selector=f"warren.dev/pool={RESUMES}"
+                ).items
+                if p.metadata.uid != slot.metadata.uid and p.spec.node_name
+            ],
+        )
+
+
 # Run in a warren-control pod with its own database settings: the sandbox id is argv[1].
 IDLE_SINCE_A_MINUTE = """
 import os, sys

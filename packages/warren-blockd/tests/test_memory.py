@@ -125,6 +125,62 @@ def test_kept_copies_past_the_byte_bound_go_least_recently_used_first_but_never_
     assert not older.exists() and newer.exists()
 
 
+def test_a_placed_image_appears_whole_at_its_slot_once_and_goes_with_its_copy(
+    store: PolicyStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image_id, files = store_image(store, tmp_path)
+    keeper = images(store, tmp_path)
+    staged = keeper.stage(image_id, WORKSPACE, 0)
+    placed = keeper.place(staged["path"], "resume-base-3f2a9c")
+    # Where the slot's pod waits (its restore annotation): the verified files, by a link.
+    assert placed["path"] == "/host/state/images/slot-resume-base-3f2a9c"
+    slot = tmp_path / "state" / "images" / "slot-resume-base-3f2a9c"
+    assert slot.is_symlink() and not slot.readlink().is_absolute()
+    assert {p.name: p.read_bytes() for p in slot.iterdir()} == files
+    with pytest.raises(BlockdError, match="a slot restores once") as exc:
+        keeper.place(staged["path"], "resume-base-3f2a9c")
+    assert exc.value.code == "busy"
+    # Only a staged copy of this node, to a pod's name: nothing else is linked.
+    for bad_staged, slot_name, code in (
+        ("/host/state/images/" + "0" * 64 + ".deadbeef", "resume-x", "not_found"),
+        ("/etc", "resume-x", "not_found"),
+        (staged["path"], "../escape", "bad_request"),
+        (staged["path"], "Upper", "bad_request"),
+    ):
+        with pytest.raises(BlockdError) as exc:
+            keeper.place(bad_staged, slot_name)
+        assert exc.value.code == code, (bad_staged, slot_name)
+    # The link goes once its copy does (a later staging prunes both).
+    copy = tmp_path / "state" / "images" / staged["path"].removeprefix("/host/state/images/")
+    monkeypatch.setattr(memory, "STAGED_KEEP_S", float("inf"))
+    keeper.stage(image_id, WORKSPACE, 0)
+    assert slot.is_symlink()
+    shutil.rmtree(copy)
+    keeper.stage(image_id, WORKSPACE, 0)
+    assert not slot.is_symlink()
+
+
+def test_a_released_slot_gets_an_empty_file_once_and_a_placed_one_keeps_its_image(
+    store: PolicyStore, tmp_path: Path
+) -> None:
+    image_id, _ = store_image(store, tmp_path)
+    keeper = images(store, tmp_path)
+    here = tmp_path / "state" / "images"
+    # Released before any image: an empty file, on which its runsc starts afresh.
+    assert keeper.release("resume-a") == {"slot": "resume-a", "released": True}
+    assert (here / "slot-resume-a").is_file() and (here / "slot-resume-a").stat().st_size == 0
+    with pytest.raises(BlockdError) as exc:
+        keeper.place(keeper.stage(image_id, WORKSPACE, 0)["path"], "resume-a")
+    assert exc.value.code == "busy"
+    # Placed first: the release changes nothing.
+    keeper.place(keeper.stage(image_id, WORKSPACE, 0)["path"], "resume-b")
+    assert keeper.release("resume-b")["released"] is False
+    assert (here / "slot-resume-b").is_symlink() and (here / "slot-resume-b").is_dir()
+    with pytest.raises(BlockdError) as exc:
+        keeper.release("../x")
+    assert exc.value.code == "bad_request"
+
+
 def test_an_image_over_a_workspace_written_since_is_refused_by_name(
     store: PolicyStore, tmp_path: Path
 ) -> None:

@@ -6,14 +6,24 @@ pod from it on that node, or says why not; never a cold start unless asked. The 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from test_controller import NS, FakeKube, run
+from test_controller import NS, FakeKube, remember_all, run
 from warren_control.binder import BindError
 from warren_control.controller import ControllerOptions, Reconciler
 from warren_control.kube import Obj
-from warren_control.podspec import RESTORE_ANNOTATION, SANDBOX_UID_LABEL, VERIFIES_LABEL
+from warren_control.podspec import (
+    POOL_LABEL,
+    RESTORE_ANNOTATION,
+    RESTORE_WAIT_ANNOTATION,
+    RESTORE_WAIT_S,
+    RESUME_SLOT_RENEW_S,
+    SANDBOX_UID_LABEL,
+    VERIFIES_LABEL,
+    PodOptions,
+)
 
 IMAGE = "ab" * 32
 WORKSPACE = {"id": "ws-a", "size": "10Gi"}
@@ -44,6 +54,20 @@ class FakeBinder:
     ) -> dict[str, Any]:
         self._call("stage", (node, image, workspace, workspace_seq, *([into] if into else [])))
         return {"image": image, "path": f"/state/images/{image}.0001"}
+
+    def bind(
+        self, pod: Obj, workspace: Any, siblings: int | None = None, container_id: str | None = None
+    ) -> str:
+        self._call("bind", (pod["metadata"]["name"], dict(workspace)))
+        return "restored"
+
+    def place(self, node: str, staged: str, slot: str) -> dict[str, Any]:
+        self._call("place", (node, staged, slot))
+        return {"slot": slot, "path": f"/state/images/slot-{slot}"}
+
+    def release(self, node: str, slot: str) -> dict[str, Any]:
+        self._call("release", (node, slot))
+        return {"slot": slot, "released": True}
 
     def named(self, what: str) -> list[Any]:
         return [args for name, args in self.calls if name == what]
@@ -369,3 +393,192 @@ def test_a_forks_child_whose_restore_is_refused_says_why(
     condition = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert status["phase"] == "Failed" and condition["reason"] == "ResumeRefused"
     assert "record 9" in condition["message"] and "start it cold" in condition["message"]
+
+
+# -- resume slots: pods made ahead that a resume restores into ------------------------------
+
+SLOTTED = PodOptions(
+    agent_image="agent", agent_in_images=frozenset({"busybox"}), memory_images_dir="/state/images"
+)
+
+
+@pytest.fixture
+def slotted() -> tuple[FakeKube, Reconciler, FakeBinder]:
+    """setup's paused Sandbox "a" (its image with the agent in it, as a capture needs), with
+    a resume pool of its image and size: one slot on each of two nodes, settled."""
+    kube = FakeKube()
+    binder = FakeBinder()
+    options = ControllerOptions(quiet_start_seconds=0, workspace_seq=lambda ws: 8, pod=SLOTTED)
+    reconciler = Reconciler(kube, options)
+    reconciler.binder = binder  # type: ignore[assignment]
+    reconciler.nodes.replace("", [node("node-b"), node("node-c")])
+    kube.add_sandbox("a", workspace=dict(WORKSPACE), agentTokenSha256="1" * 64)
+    reconciler.reconcile(NS, "a")
+    (pod,) = kube.pods.values()
+    pod["spec"]["nodeName"] = "node-b"
+    run(pod)
+    reconciler.reconcile(NS, "a")
+    pause(kube, reconciler)
+    pool = {
+        "apiVersion": "warren.dev/v1alpha1",
+        "kind": "SandboxPool",
+        "metadata": {"name": "resumes", "namespace": NS, "uid": kube._uid(), "generation": 1},
+        "spec": {"image": "busybox", "resume": True, "size": 2, "refillPerSecond": 100},
+    }
+    reconciler.pool_event("ADDED", pool)
+    reconciler.reconcile_pool(NS, "resumes")
+    for slot, on in zip(slots(kube), ("node-c", "node-b"), strict=True):
+        settle(slot, on)
+    remember_all(reconciler, kube)
+    return kube, reconciler, binder
+
+
+def slots(kube: FakeKube) -> list[Obj]:
+    return [p for p in kube.pods.values() if p["metadata"].get("labels", {}).get(POOL_LABEL) == "resumes"]
+
+
+def settle(slot: Obj, on: str, age_s: float = 10.0) -> None:
+    """As kubelet leaves a slot: scheduled, its sandbox made and waiting for its image."""
+    made = datetime.now(UTC) - timedelta(seconds=age_s)
+    slot["metadata"]["creationTimestamp"] = made.strftime("%Y-%m-%dT%H:%M:%SZ")
+    slot["spec"]["nodeName"] = on
+    slot["status"] = {
+        "phase": "Pending",
+        "containerStatuses": [{"name": "sandbox", "state": {"waiting": {"reason": "ContainerCreating"}}}],
+    }
+
+
+def test_a_slot_is_the_sandboxs_pod_waiting_for_an_image_at_its_own_path(
+    slotted: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, _, _ = slotted
+    for slot in slots(kube):
+        name, notes = slot["metadata"]["name"], slot["metadata"]["annotations"]
+        assert notes[RESTORE_ANNOTATION] == f"/state/images/slot-{name}"
+        assert notes[RESTORE_WAIT_ANNOTATION] == str(RESTORE_WAIT_S)
+        (volume,) = slot["spec"]["volumes"]
+        assert volume["csi"]["volumeAttributes"] == {"bindAtClaim": "true"}
+        (container,) = slot["spec"]["containers"]
+        assert container["volumeMounts"] == [{"name": "workspace", "mountPath": "/workspace"}]
+        start = container["lifecycle"]["postStart"]["exec"]["command"]
+        assert "-claim-token-sha256" in start  # its agent is claimed once restored
+
+
+def test_a_resume_claims_a_slot_binds_the_workspace_then_places_the_image(
+    slotted: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = slotted
+    claims: list[str] = []
+    reconciler._await_slot = lambda sandbox, pod, pool: claims.append(pod["metadata"]["name"])  # type: ignore[method-assign]
+    creates = kube.creates
+    kube.update_spec("a", stopped=False)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    claimed = kube.pods[claims[0]]
+    assert claimed["spec"]["nodeName"] == "node-b"  # the capturing node's slot: its copy stages at once
+    assert kube.creates == creates  # no pod made at the resume
+    assert claimed["metadata"]["labels"][SANDBOX_UID_LABEL] == kube.sandboxes["a"]["metadata"]["uid"]
+    order = [name for name, _ in binder.calls if name in {"stage", "bind", "place"}]
+    assert order[-3:] == ["stage", "bind", "place"]  # the workspace there before the restore begins
+    assert binder.named("stage")[-1] == ("node-b", IMAGE, "ws-a", 8)
+    assert binder.named("bind")[-1] == (claims[0], {"id": "ws-a"})
+    assert binder.named("place")[-1] == ("node-b", f"/state/images/{IMAGE}.0001", claims[0])
+    # Restored (kubelet says it runs), but its agent not claimed yet: not Running.
+    remember_all(reconciler, kube)
+    reconciler._slot_claiming.add(claimed["metadata"]["uid"])
+    run(kube.pods[claims[0]])
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    assert kube.status("a")["phase"] == "Pending"
+    reconciler._slot_claiming.discard(claimed["metadata"]["uid"])
+    reconciler._agent_answers.add(claimed["metadata"]["uid"])
+    reconciler.reconcile(NS, "a")
+    status = kube.status("a")
+    assert status["phase"] == "Running" and status["restoredFrom"] == IMAGE
+    assert status["podName"] == claims[0]
+
+
+def test_a_resume_takes_a_slot_on_another_node_when_its_own_takes_no_pods(
+    slotted: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = slotted
+    reconciler.nodes.replace("", [node("node-b", cordoned=True), node("node-c")])
+    reconciler._await_slot = lambda sandbox, pod, pool: None  # type: ignore[method-assign]
+    kube.update_spec("a", stopped=False)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    assert binder.named("place")[-1][0] == "node-c"
+    assert binder.named("stage")[-1][0] == "node-c"  # staged where it restores
+
+
+def test_a_slot_not_settled_or_of_another_shape_is_passed_over_and_a_pod_made(
+    slotted: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = slotted
+    for slot in slots(kube):
+        settle(slot, slot["spec"]["nodeName"], age_s=0.5)  # its volume maybe not published yet
+    remember_all(reconciler, kube)
+    kube.update_spec("a", stopped=False)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    assert binder.named("place") == []
+    restored = [p for p in kube.pods.values() if p["metadata"]["name"].startswith("sbx-")]
+    assert restored and restored[0]["metadata"]["annotations"][RESTORE_ANNOTATION].endswith(".0001")
+
+
+def test_a_slot_whose_bind_fails_goes_and_the_next_pass_resumes_anew(
+    slotted: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, binder = slotted
+    reconciler._await_slot = lambda sandbox, pod, pool: None  # type: ignore[method-assign]
+    binder.refuse["bind"] = "no volume of pod x is published on this node"
+    kube.update_spec("a", stopped=False)
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    assert binder.named("place") == []
+    (claimed,) = [p for p in kube.pods.values() if SANDBOX_UID_LABEL in p["metadata"]["labels"]]
+    assert "deletionTimestamp" in claimed["metadata"]
+    assert kube.status("a")["memoryImage"]["image"] == IMAGE  # kept for the next try
+    del binder.refuse["bind"]
+    remember_all(reconciler, kube)  # the watch shows it claimed and going, then gone
+    kube.finish_deletions()
+    remember_all(reconciler, kube)
+    reconciler.reconcile(NS, "a")
+    assert len(binder.named("place")) == 1
+
+
+def test_a_resume_pool_renews_its_slots_before_their_wait_ends_and_serves_no_create(
+    slotted: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    kube, reconciler, _ = slotted
+    old = slots(kube)[0]
+    settle(old, "node-b", age_s=RESUME_SLOT_RENEW_S + 1)
+    remember_all(reconciler, kube)
+    reconciler.reconcile_pool(NS, "resumes")
+    assert "deletionTimestamp" in kube.pods[old["metadata"]["name"]]["metadata"]
+    assert len([s for s in slots(kube) if "deletionTimestamp" not in s["metadata"]]) == 2  # one new
+    kube.add_sandbox("b", pool="resumes", agentTokenSha256="2" * 64)
+    reconciler.reconcile(NS, "b")
+    (condition,) = [c for c in kube.status("b")["conditions"] if c["type"] == "PoolClaimed"]
+    assert condition["reason"] == "PoolMismatch" and "resume" in condition["message"]
+
+
+def test_a_slot_being_deleted_is_released_once_so_that_its_pod_can_go(
+    slotted: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    """A slot's runsc waits for an image inside kubelet's request to make its sandbox, which
+    a deletion does not end: the pool's pass has the node end the wait, once per slot."""
+    kube, reconciler, binder = slotted
+    one, other = slots(kube)
+    kube.pods[one["metadata"]["name"]]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    remember_all(reconciler, kube)
+    reconciler.reconcile_pool(NS, "resumes")
+    reconciler.reconcile_pool(NS, "resumes")
+    assert binder.named("release") == [(one["spec"]["nodeName"], one["metadata"]["name"])]
+    # The pool deleted: the garbage collector deletes its slots, and each is released.
+    reconciler.pool_event("DELETED", reconciler.pools.get(NS, "resumes"))
+    kube.pods[other["metadata"]["name"]]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    remember_all(reconciler, kube)
+    reconciler.reconcile_pool(NS, "resumes")
+    assert binder.named("release")[-1] == (other["spec"]["nodeName"], other["metadata"]["name"])
+    assert len(binder.named("release")) == 2

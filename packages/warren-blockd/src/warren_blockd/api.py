@@ -9,6 +9,8 @@
   POST /v1/images                          {"pod_uid", "workspace"}: capture (memory.py)
   POST /v1/images/<image>/stage            {"workspace", "workspace_seq", "into"?}: fetch, verify
   POST /v1/images/discard                  {"pod_uid"}: end the sandbox a capture froze
+  POST /v1/images/place                    {"staged", "slot"}: a staged image to a resume slot
+  POST /v1/images/release                  {"slot"}: a resume slot's wait ended, no image
   GET  /v1/stats      GET /metrics      GET /healthz
 Errors are {"error": code, "message": text, "fix": text} with a 4xx/5xx status. During a
 handoff the POSTs wait; once this daemon has handed over they answer `handed_over` (503),
@@ -131,6 +133,10 @@ def routes(daemon: Daemon, images: Images | None = None) -> list[Route]:
             "POST", "/v1/images", lambda r: memory().capture(str(r.body["pod_uid"]), str(r.body["workspace"]))
         ),
         Route("POST", "/v1/images/discard", lambda r: memory().discard(str(r.body["pod_uid"]))),
+        Route(
+            "POST", "/v1/images/place", lambda r: memory().place(str(r.body["staged"]), str(r.body["slot"]))
+        ),
+        Route("POST", "/v1/images/release", lambda r: memory().release(str(r.body["slot"]))),
         Route(
             "POST",
             "/v1/images/{id}/stage",

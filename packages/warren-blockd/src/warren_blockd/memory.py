@@ -21,6 +21,12 @@ that nothing of it runs after the capture, not even its handlers of the runtime'
 the manifest against its id, every piece against its digest and every file against its
 digest before the directory appears under its final name; runsc reads nothing else.
 
+A resume slot (a pod made ahead, its root container waiting in `runsc start` for the path
+its restore annotation names, images/slot-<pod>) gets its image by `place`: a link to a
+staged copy, made in one step, so runsc sees the whole verified image or nothing. `release`
+puts an empty file there instead, on which runsc starts the slot's containers afresh: a
+slot being deleted ends its wait at once.
+
 The node keeps what it captured or staged (images/<image id>.<token>, STAGED_KEEP_S, at most
 STAGED_KEEP_BYTES): a later staging of the same image on this node, the restore that proves
 it or the resume, links those files into its own directory once each again has the digest
@@ -34,6 +40,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -68,6 +75,10 @@ STAGED_KEEP_S = 3600.0
 STAGED_KEEP_BYTES = 2 << 30
 # Never removed for bytes while younger: a restore may be reading it.
 STAGED_FRESH_S = 300.0
+# images/slot-<pod>: a link to a staged copy, where a resume slot's pod waits for its image.
+SLOT_PREFIX = "slot-"
+STAGED_NAME = re.compile(r"[0-9a-f]{64}\.[0-9a-f]{8}")
+POD_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,251}[a-z0-9])?")
 
 
 def check_image_id(image_id: str) -> str:
@@ -325,6 +336,39 @@ class Images:
         log.info("staged", extra={"fields": result})
         return result
 
+    def place(self, staged: str, slot: str) -> dict[str, Any]:
+        """Give the resume slot `slot` (a pod's name) the image staged at `staged` (a path
+        stage answered): images/slot-<slot> made a link to it at once, which that pod's
+        root container, waiting for the path, restores from. A slot takes one image."""
+        name = Path(staged).name
+        if not STAGED_NAME.fullmatch(name) or not (self.dir / name).is_dir():
+            raise BlockdError("not_found", f"no staged image {staged!r} on this node: stage it here first")
+        if not POD_NAME.fullmatch(slot):
+            raise BlockdError("bad_request", f"slot {slot!r} is not a pod's name")
+        link = self.dir / f"{SLOT_PREFIX}{slot}"
+        try:
+            link.symlink_to(name)  # relative: the same link where the host sees the directory
+        except FileExistsError:
+            raise BlockdError("busy", f"slot {slot} already has an image: a slot restores once") from None
+        os.utime(self.dir / name)  # in use: the last to be pruned
+        result = {"slot": slot, "path": str(self.host_dir / link.name), "staged": name}
+        log.info("placed", extra={"fields": result})
+        return result
+
+    def release(self, slot: str) -> dict[str, Any]:
+        """Release the resume slot `slot` (a pod's name) that will get no image: an empty file
+        at its path, on which its runsc, waiting, starts the container afresh at once (its
+        pod is being deleted: only then can the runtime stop it). A slot given an image
+        already keeps it."""
+        if not POD_NAME.fullmatch(slot):
+            raise BlockdError("bad_request", f"slot {slot!r} is not a pod's name")
+        path = self.dir / f"{SLOT_PREFIX}{slot}"
+        try:
+            path.touch(exist_ok=False)
+        except FileExistsError:
+            return {"slot": slot, "released": False}
+        return {"slot": slot, "released": True}
+
     def _check_seq(self, workspace: str, workspace_seq: int, image_id: str) -> None:
         now = Workspace(self.store, workspace).replicated_seq()
         if now != workspace_seq:
@@ -414,6 +458,9 @@ class Images:
         unless younger than STAGED_FRESH_S."""
         ages = []
         for path in self.dir.iterdir():
+            if path.name.startswith(SLOT_PREFIX):
+                self._prune_slot(path)
+                continue
             with contextlib.suppress(FileNotFoundError):
                 ages.append((time.time() - path.stat().st_mtime, path))
         seen: set[int] = set()
@@ -424,6 +471,15 @@ class Images:
             over = total > STAGED_KEEP_BYTES and age > STAGED_FRESH_S
             if age > STAGED_KEEP_S or over:
                 shutil.rmtree(path, ignore_errors=True)
+
+    @staticmethod
+    def _prune_slot(link: Path) -> None:
+        """Remove a slot's link once its copy is gone, and a slot's link or release after
+        STAGED_KEEP_S (its pod restored or started long since)."""
+        with contextlib.suppress(FileNotFoundError):
+            dangling = link.is_symlink() and not link.exists()
+            if dangling or time.time() - link.lstat().st_mtime > STAGED_KEEP_S:
+                link.unlink()
 
     @staticmethod
     def _new_bytes(copy: Path, seen: set[int]) -> int:

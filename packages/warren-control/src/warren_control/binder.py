@@ -102,6 +102,17 @@ class Binder:
             body["into"] = into
         return self._post(node, "/v1/stage", body, "the staging")
 
+    def place(self, node: str, staged: str, slot: str) -> dict[str, Any]:
+        """Put the image staged at `staged` on `node` where the resume slot `slot` (a pod's
+        name) waits for it: that pod's sandbox restores from it at once."""
+        body = {"staged": staged, "slot": slot}
+        return self._post(node, "/v1/place", body, "placing the image in the slot")
+
+    def release(self, node: str, slot: str) -> dict[str, Any]:
+        """End the wait of the resume slot `slot` on `node` without an image: its containers
+        start afresh at once, so that its pod, being deleted, can go."""
+        return self._post(node, "/v1/release", {"slot": slot}, "releasing the slot")
+
     def _post(self, node: str, path: str, body: Mapping[str, Any], doing: str) -> dict[str, Any]:
         for attempt in range(2):
             address = self._address(node, fresh=attempt > 0)

@@ -300,6 +300,7 @@ def _run_controller(args: argparse.Namespace) -> None:
             agent_image=args.agent_image,
             agent_in_images=frozenset(args.agent_in_image),
             bind_in_place=args.bind_in_place,
+            memory_images_dir=args.memory_images_dir,
         ),
         workspace=blockd_volume if args.workspaces else controller.no_workspace,
         release_workspace=store.release if store is not None else None,
@@ -665,6 +666,11 @@ def _workspace_arguments(serve: Any) -> None:
         action="store_true",
         help="controller: the nodes' warren-blockd bind workspaces beneath running containers "
         "(its --runtime-state), so a claim from a bindAtClaim pool starts no container",
+    )
+    serve.add_argument(
+        "--memory-images-dir",
+        help="controller: where each node's warren-blockd keeps memory images, as the host has "
+        "it (its --host-state-dir followed by /images); resume pools' pods wait for theirs there",
     )
     serve.add_argument(
         "--workspace-store",

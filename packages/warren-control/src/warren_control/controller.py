@@ -56,6 +56,8 @@ from warren_control.podspec import (
     POOL_LABEL,
     POOL_SKIPPED_ANNOTATION,
     RESTORE_ANNOTATION,
+    RESUME_SLOT_ANNOTATION,
+    RESUME_SLOT_RENEW_S,
     SANDBOX_UID_LABEL,
     SPEC_HASH_ANNOTATION,
     WORKSPACE_LABEL,
@@ -82,6 +84,8 @@ from warren_control.podspec import (
     pool_refill_per_second,
     pool_size,
     restored_from,
+    resume_misfit,
+    resumes,
     sandbox_container_id,
     sandbox_workspace_id,
     spec_hash,
@@ -320,6 +324,15 @@ def _observe_pod(name: str, pod: Mapping[str, Any], agent_answers: bool = False)
     waiting = _waiting(pod)
     if phase == "Running" and (pod["metadata"].get("annotations") or {}).get(BIND_AT_CLAIM_ANNOTATION):
         return _observe_started(name, pod, agent_answers)
+    if (
+        agent_answers
+        and _slot(pod)
+        and phase == "Pending"
+        and (waiting or ("ContainerCreating",))[0] == "ContainerCreating"
+    ):
+        # A resumed slot whose agent (started after the restore) answered and was claimed:
+        # kubelet reports the containers at its next look.
+        return Observation("Running", True, "PodReady", f"pod {name} is running")
     if phase == "Running":
         ready = _pod_condition(pod, "Ready")
         if ready and ready.get("status") == "True":
@@ -347,6 +360,34 @@ REFILL_AT_THE_LATEST_S = 20.0
 # How long a claimed bindAtClaim pod's agent is asked for before kubelet's report is left
 # to say whether its container runs.
 AGENT_START_WAIT_S = 30.0
+
+
+# A resume slot is claimed only this long after it was made (its volume published and its
+# sandbox made by then, the bind finds it) and no later than this before it is renewed.
+SLOT_SETTLE_S = 3.0
+SLOT_CLAIM_MARGIN_S = 10.0
+SLOT_POLL_S = 0.02
+
+
+def _slot(pod: Mapping[str, Any]) -> bool:
+    return bool(((pod.get("metadata") or {}).get("annotations") or {}).get(RESUME_SLOT_ANNOTATION))
+
+
+def _age(pod: Mapping[str, Any]) -> float:
+    made = (pod.get("metadata") or {}).get("creationTimestamp")
+    return _since(str(made)) if made else 0.0
+
+
+def _slot_ready(pod: Mapping[str, Any]) -> bool:
+    """A resume slot a resume may claim: on a node, waiting for its image (no container of
+    it started or ended), settled, and not about to be renewed."""
+    status = pod.get("status") or {}
+    if not _node(pod) or _terminating(pod) or status.get("phase") != "Pending":
+        return False
+    waiting = _waiting(pod)
+    if waiting is not None and waiting[0] != "ContainerCreating":
+        return False
+    return SLOT_SETTLE_S <= _age(pod) <= RESUME_SLOT_RENEW_S - SLOT_CLAIM_MARGIN_S
 
 
 def _awaiting_its_container(pod: Mapping[str, Any]) -> bool:
@@ -459,8 +500,10 @@ class Reconciler:
         # bindAtClaim pool pods (uid) given their sandbox's container here, until they go:
         # the watch may show such a pod as it was before, and the container goes in once.
         self._started_pods: set[str] = set()
-        # Of those, the ones whose agent has answered (_await_agent).
+        # Of those, and of resumed slots, the ones whose agent has answered (_await_agent,
+        # _await_slot); resumed slots (uid) whose agent is being claimed.
         self._agent_answers: set[str] = set()
+        self._slot_claiming: set[str] = set()
         # bindAtClaim pools (namespace, name) -> their claimed pods still starting.
         # bindAtClaim pools whose claimed pods are still starting: (how many, since when).
         self._pool_starting: dict[tuple[str, str], tuple[int, float]] = {}
@@ -477,6 +520,10 @@ class Reconciler:
         self._pool_written: dict[str, Obj] = {}
         # Pool uid -> the uids of the pods this process made for it: the only ones it hands out.
         self._pool_made: dict[str, set[str]] = {}
+        # Resume pool uid -> when a pass comes to renew its oldest slot (_renew_later); resume
+        # pool (namespace, name) -> its slots being deleted whose wait was ended here.
+        self._renewals: dict[str, float] = {}
+        self._released: dict[tuple[str, str], set[str]] = {}
         # A pool pod's claim token is this key's HMAC of the pod's name: never stored, and
         # gone with the process, as the pods it made may no longer be handed out.
         self._claim_key = secrets.token_bytes(32)
@@ -624,11 +671,21 @@ class Reconciler:
                 return sandbox, created
             pod = created
         with self._guard:
-            answers = pod["metadata"]["uid"] in self._agent_answers
             moved = self._moved.pop(uid, None)
-        seen = observe(sandbox, pod, agent_answers=answers)
+        seen = self._observed(sandbox, pod)
         self._memory_used(sandbox, pod, seen)
         return sandbox, dataclasses.replace(seen, pod=pod["metadata"]["name"], start=start, moved=moved)
+
+    def _observed(self, sandbox: Obj, pod: Obj) -> Observation:
+        """observe(), knowing which agents answered here: a resumed slot whose agent is
+        still being claimed (_await_slot) is not Running yet, whatever kubelet says."""
+        with self._guard:
+            answers = pod["metadata"]["uid"] in self._agent_answers
+            claiming = pod["metadata"]["uid"] in self._slot_claiming
+        seen = observe(sandbox, pod, agent_answers=answers)
+        if claiming and seen.phase == "Running":
+            return Observation("Pending", False, "ContainerStarting", "claiming the resumed sandbox's agent")
+        return seen
 
     def _kept(self, sandbox: Obj, pod: Obj) -> Obj | None:
         """The Sandbox's pod as this pass leaves it: replaced if its node was lost (even one
@@ -814,6 +871,13 @@ class Reconciler:
         node = self._resume_node(str(record["node"]))
         if node is None:
             return Observation("Pending", False, "Resuming", "no node takes pods now: waiting for one")
+        return self._resume_on(sandbox, record, node)
+
+    def _resume_on(self, sandbox: Obj, record: Obj, node: str) -> Obj | Observation:
+        """The Sandbox resumed in a resume slot, else in a pod made for it on `node`."""
+        in_slot = self._resume_in_slot(sandbox, record, node)
+        if in_slot is not None:
+            return in_slot
         try:
             if self.binder is None:
                 raise BindError("this controller cannot reach the nodes' warren-blockd (no bind token)")
@@ -823,6 +887,127 @@ class Reconciler:
         except BindError as exc:
             return Observation("Failed", False, "ResumeRefused", str(exc))
         return self._create(sandbox, restore=(node, str(staged["path"])))
+
+    def _resume_in_slot(self, sandbox: Obj, record: Obj, near: str) -> Obj | Observation | None:
+        """The Sandbox resumed in a slot of a resume pool it fits (podspec.RESUME_SLOT_ANNOTATION):
+        its image staged on the slot's node, the slot claimed, its workspace bound at the
+        slot's awaiting volume, and only then the image put where the slot waits, so that the
+        sandbox's container, made once the root is restored, mounts the workspace. The pod
+        claimed (or, if the bind or the image's placing failed, being deleted: the next pass
+        resumes anew); why not, if the image cannot be staged; None if no slot fits or the
+        claim was lost: a pod is made for the resume instead."""
+        found = self._free_slot(sandbox, near)
+        if found is None or self.binder is None:
+            return None
+        slot, pool = found
+        namespace, name, node = slot["metadata"]["namespace"], slot["metadata"]["name"], str(_node(slot))
+        began = time.monotonic()
+        try:
+            staged = self.binder.stage(
+                node, str(record["image"]), str(record["workspace"]), int(record["sealedSeq"])
+            )
+            claimed = self.kube.patch_pod(namespace, name, claim_patch(sandbox, slot, pool))
+        except BindError as exc:
+            with self._guard:
+                self._taken.discard((namespace, name))
+            return Observation("Failed", False, "ResumeRefused", str(exc))
+        except ApiException as exc:
+            with self._guard:
+                self._taken.discard((namespace, name))
+            if exc.status not in {HTTPStatus.CONFLICT, HTTPStatus.NOT_FOUND}:
+                raise
+            return None  # renewed or deleted since the watch showed it
+        with self._guard:
+            self._unseen[str(sandbox["metadata"]["uid"])] = claimed
+            self._slot_claiming.add(str(claimed["metadata"]["uid"]))
+        self._refill_after_claim(namespace, pool, later=True)
+        try:
+            self.binder.bind(claimed, {"id": record["workspace"]})
+            self.binder.place(node, str(staged["path"]), name)
+        except BindError as exc:
+            with self._guard:
+                self._slot_claiming.discard(str(claimed["metadata"]["uid"]))
+            self._one_started((namespace, pool))
+            log.warning("resuming %s in slot %s failed (%s): anew", sandbox["metadata"]["name"], name, exc)
+            deleting = self._delete(claimed)
+            self._release_slot(claimed)
+            return deleting
+        log.info(
+            "resuming %s/%s in slot %s of pool %s on %s (image staged %s): %d ms to the image in place",
+            namespace,
+            sandbox["metadata"]["name"],
+            name,
+            pool,
+            node,
+            "from this node's copy" if staged.get("local") else "from object storage",
+            (time.monotonic() - began) * 1000,
+        )
+        self._await_slot(sandbox, claimed, (namespace, pool))
+        return claimed
+
+    def _free_slot(self, sandbox: Obj, near: str) -> tuple[Obj, str] | None:
+        """(a slot of a resume pool the paused Sandbox fits, on a node that takes pods, one on
+        `near` (where its image was captured, whose copy of it stages at once) first; its
+        pool's name), taken for this claim; None if there is none."""
+        namespace = sandbox["metadata"]["namespace"]
+        slots = [
+            (pod, str(pool["metadata"]["name"]))
+            for pool in self.pools.all()
+            if pool["metadata"]["namespace"] == namespace
+            and not _terminating(pool)
+            and resume_misfit(sandbox, pool, self.options.pod) is None
+            for pod in self._ready_pool_pods(pool)
+            if self._takes_pods(str(_node(pod)))
+        ]
+        slots.sort(key=lambda found: (_node(found[0]) != near, -_age(found[0])))
+        for pod, pool in slots:
+            with self._guard:
+                if (namespace, pod["metadata"]["name"]) in self._taken:
+                    continue
+                self._taken.add((namespace, pod["metadata"]["name"]))
+            return pod, pool
+        return None
+
+    def _await_slot(self, sandbox: Obj, pod: Obj, pool: tuple[str, str]) -> None:
+        """Once the resumed slot has its address and its agent (started by the postStart hook
+        after the restore) answers: give the agent the Sandbox's token and environment and
+        pass over the Sandbox, which runs from then on. An agent that cannot be claimed costs
+        the pod (the next pass resumes anew, if the workspace still allows it)."""
+        meta = pod["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], str(meta["uid"])
+        began = time.monotonic()
+
+        def claim() -> None:
+            refused: str | None = f"no address within {AGENT_START_WAIT_S:.0f} s"
+            try:
+                while time.monotonic() - began < AGENT_START_WAIT_S:
+                    seen = self.pods.get(namespace, name)
+                    if seen is None or seen["metadata"]["uid"] != uid or _terminating(seen):
+                        return
+                    address = (seen.get("status") or {}).get("podIP")
+                    if address:
+                        left = AGENT_START_WAIT_S - (time.monotonic() - began)
+                        answered = agentclient.wait_healthy(str(address), max(left, 1.0))
+                        refused = self._claim_agent(sandbox, seen) if answered else "its agent did not answer"
+                        break
+                    time.sleep(SLOT_POLL_S)
+                if refused:
+                    log.warning(
+                        "the agent of resumed slot %s was not claimed (%s): the pod goes", name, refused
+                    )
+                    self.kube.delete_pod(namespace, name, uid=uid)
+                    return
+                with self._guard:
+                    self._agent_answers.add(uid)
+                took = (time.monotonic() - began) * 1000
+                log.info("resumed slot %s answers: %d ms after its image was in place", name, took)
+            finally:
+                with self._guard:
+                    self._slot_claiming.discard(uid)
+                self._one_started(pool)
+            self.reconcile(sandbox["metadata"]["namespace"], sandbox["metadata"]["name"])
+
+        threading.Thread(target=claim, name=f"slot-{name}", daemon=True).start()
 
     def _resume_node(self, captured: str) -> str | None:
         """The node a resume restores on: the one the image was captured on while it takes
@@ -1178,7 +1363,10 @@ class Reconciler:
         pool = self.pools.get(namespace, str(pool_name))
         if pool is None or _terminating(pool):
             return None, _cold("PoolNotFound", f"no SandboxPool {pool_name} in {namespace}")
-        if misfit := pool_misfit(sandbox, pool, self.options.pod, workspaces=self._workspaces):
+        resume_pool = f"pool {pool_name} keeps slots for paused sandboxes to resume in, not pods to claim"
+        if misfit := (resume_pool if resumes(pool) else None) or pool_misfit(
+            sandbox, pool, self.options.pod, workspaces=self._workspaces
+        ):
             return None, _cold("PoolMismatch", misfit)
         if binds_at_claim(pool) and self.binder is None:
             return None, _cold(
@@ -1394,11 +1582,12 @@ class Reconciler:
         current = pool_hash(pool)
         with self._guard:
             made = set(self._pool_made.get(str(pool["metadata"]["uid"]), ()))
+        ready = _slot_ready if resumes(pool) else _ready
         return [
             pod
             for pod in self._pool_pods(pool)
             if pod["metadata"]["uid"] in made
-            and _ready(pod)
+            and ready(pod)
             and not _terminating(pod)
             and (pod["metadata"].get("annotations") or {}).get(SPEC_HASH_ANNOTATION) == current
         ]
@@ -1411,6 +1600,7 @@ class Reconciler:
         the pool's (its labels and owner can be written by anyone who may create pods in the
         namespace) is deleted, and so, after a restart, are the pods made before it."""
         with self._serialized(f"pool:{namespace}", name):
+            self._release_going_slots(namespace, name)
             pool = self.pools.get(namespace, name)
             if pool is None or _terminating(pool):
                 return  # its pods go with it (they are the garbage collector's: it owns them)
@@ -1425,6 +1615,8 @@ class Reconciler:
                     continue
                 annotations = pod["metadata"].get("annotations") or {}
                 ours = pod["metadata"]["uid"] in made and annotations.get(SPEC_HASH_ANNOTATION) == current
+                if resumes(pool) and _age(pod) >= RESUME_SLOT_RENEW_S:
+                    ours = False  # renewed before its wait for an image ends (RESTORE_WAIT_S)
                 (keep if ours else drop).append(pod)
             creating = self._creating(pool)
             if (excess := len(keep) + len(creating) - size) > 0:  # the pool shrank: unready ones first
@@ -1436,10 +1628,57 @@ class Reconciler:
                 self._pool_made[uid] = made & {p["metadata"]["uid"] for p in keep + creating}
             if (missing := size - len(keep) - len(creating)) > 0 and not self._refill_held(namespace, name):
                 self._refill(pool, missing)
-            ready = sum(1 for pod in keep if _ready(pod))
+            ready = sum(1 for pod in keep if (_slot_ready if resumes(pool) else _ready)(pod))
+            if resumes(pool) and keep:
+                self._renew_later(pool, min(RESUME_SLOT_RENEW_S - _age(pod) for pod in keep))
             self._write_pool_status(
                 pool, {"size": size, "ready": ready, "starting": len(keep) + len(creating) - ready}
             )
+
+    def _release_going_slots(self, namespace: str, pool: str) -> None:
+        """End the wait of the pool's resume slots being deleted (renewed, the pool shrunk or
+        gone): kubelet can stop a slot only once its runsc stops waiting for an image, which
+        a release makes it do at once (it starts afresh, then is stopped). Once per slot."""
+        if self.binder is None:
+            return
+        going = [
+            pod
+            for pod in self.pods.select(namespace, {POOL_LABEL: pool})
+            if _slot(pod) and _terminating(pod) and _node(pod)
+        ]
+        with self._guard:
+            released = self._released.setdefault((namespace, pool), set())
+            released &= {str(pod["metadata"]["uid"]) for pod in going}
+        for pod in going:
+            uid = str(pod["metadata"]["uid"])
+            with self._guard:
+                if uid in released:
+                    continue
+                released.add(uid)
+            self._release_slot(pod)
+
+    def _release_slot(self, slot: Obj) -> None:
+        if self.binder is None:
+            return
+        try:
+            self.binder.release(str(_node(slot)), str(slot["metadata"]["name"]))
+        except BindError as exc:  # it starts afresh when its wait ends, and goes then
+            log.warning("releasing resume slot %s failed: %s", slot["metadata"]["name"], exc)
+
+    def _renew_later(self, pool: Obj, delay: float) -> None:
+        """A pass of the resume pool in `delay` seconds, when its oldest slot is due to be
+        renewed; one pending at a time (every pass would otherwise add one)."""
+        meta = pool["metadata"]
+        now = time.monotonic()
+        due = now + max(delay, 1.0)
+        with self._guard:
+            pending = self._renewals.get(str(meta["uid"]))
+            if pending is not None and now < pending <= due:
+                return
+            self._renewals[str(meta["uid"])] = due
+        timer = threading.Timer(due - now, self.request_pool_pass, (meta["namespace"], meta["name"]))
+        timer.daemon = True
+        timer.start()
 
     def _forget_taken(self, namespace: str) -> None:
         """Forget the namespace's claimed pods once the watch shows them claimed or gone."""
@@ -1574,7 +1813,13 @@ class Reconciler:
         if event_type == "DELETED":
             uid = str(pool["metadata"]["uid"])
             with self._guard:
-                for held in (self._pool_creating, self._pool_tokens, self._pool_written, self._pool_made):
+                for held in (
+                    self._pool_creating,
+                    self._pool_tokens,
+                    self._pool_written,
+                    self._pool_made,
+                    self._renewals,
+                ):
                     held.pop(uid, None)
 
     def _delete(self, pod: Obj) -> Obj | None:

@@ -74,6 +74,20 @@ FINALIZER = "warren.dev/controller"
 # the pod from this directory on the node instead of starting it (gVisor patch 0003; the
 # runtime passes dev.gvisor.* pod annotations on).
 RESTORE_ANNOTATION = "dev.gvisor.internal.restore.image-path"
+# On the pods of a resume pool (spec.resume): each is made ahead with its restore path naming
+# a directory no image is in yet (SLOT_PREFIX and its own name, under the nodes' memory image
+# directory), and its root container waits in `runsc start` up to RESTORE_WAIT_S for one to
+# appear there (gVisor patch 0003). A resume claims it, binds the sandbox's workspace to its
+# awaiting volume, then has warren-blockd put the staged image at that path: the pod restores
+# without being made, scheduled or given a sandbox and network at the resume.
+RESUME_SLOT_ANNOTATION = "warren.dev/resume-slot"
+RESTORE_WAIT_ANNOTATION = "dev.gvisor.internal.restore.wait-seconds"
+SLOT_PREFIX = "slot-"
+# Well under kubelet's 4-minute limit on making a pod's sandbox: a wait that ends fails
+# that request, and kubelet makes the sandbox again after a back-off. The controller
+# replaces an unclaimed slot before then (RESUME_SLOT_RENEW_S), so none is ever in back-off.
+RESTORE_WAIT_S = 100
+RESUME_SLOT_RENEW_S = 80.0
 
 CONTAINER = "sandbox"
 # The agent (agent/ in the repository) reaches every sandbox the same way, whatever its image:
@@ -133,6 +147,10 @@ class PodOptions:
     # root file system (`services.containerd_state_host_path`): bindAtClaim pool pods then
     # run the sandbox's own container from the start, and a claim starts no container.
     bind_in_place: bool = False
+    # Where each node's warren-blockd keeps memory images, as the host has it
+    # (`services.blockd_state_host_path`/images): a resume pool's pods wait for theirs there.
+    # None: no resume pool can be kept.
+    memory_images_dir: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("cpu_request_percent", "memory_request_percent"):
@@ -338,7 +356,7 @@ def pool_hash(pool: Mapping[str, Any]) -> str:
     """A digest of what a pool's pods are built from: a change replaces its unclaimed pods."""
     spec = pool.get("spec") or {}
     relevant = {key: spec.get(key) for key in ("image", "command", "resources")}
-    for key in ("reservation", "workspace"):  # only when set, so older pools keep their pods
+    for key in ("reservation", "workspace", "resume"):  # only when set, so older pools keep their pods
         if spec.get(key):
             relevant[key] = spec[key]
     canonical = json.dumps(relevant, sort_keys=True, separators=(",", ":"))
@@ -376,7 +394,12 @@ def pool_pod_for(
     container = _container({key: spec.get(key) for key in POOL_POD_FIELDS}, options)
     labels = {SANDBOX_LABEL: "true", MANAGED_BY_LABEL: MANAGED_BY, POOL_LABEL: meta["name"]}
     annotations = {SPEC_HASH_ANNOTATION: pool_hash(pool)}
-    if binds_at_claim(pool) and options.bind_in_place:
+    if resumes(pool):
+        pod_spec = _slot_pod_spec(container, options, claim_sha256)
+        annotations[RESUME_SLOT_ANNOTATION] = "true"
+        annotations[RESTORE_ANNOTATION] = slot_path(options, name)
+        annotations[RESTORE_WAIT_ANNOTATION] = str(RESTORE_WAIT_S)
+    elif binds_at_claim(pool) and options.bind_in_place:
         pod_spec = _in_place_pod_spec(container, options, claim_sha256)
         annotations[BIND_IN_PLACE_ANNOTATION] = "true"
         annotations[GVISOR_OVERLAY_ANNOTATION] = "none"
@@ -411,6 +434,47 @@ def pool_pod_for(
         },
         "spec": pod_spec,
     }
+
+
+def resumes(pool: Mapping[str, Any]) -> bool:
+    """Whether the pool keeps resume slots: pods a paused sandbox of its image, command and
+    size is restored into (RESUME_SLOT_ANNOTATION), rather than pods a create claims."""
+    return bool((pool.get("spec") or {}).get("resume"))
+
+
+def slot_path(options: PodOptions, pod: str) -> str:
+    """Where on its node the resume slot `pod` waits for its image."""
+    if not options.memory_images_dir:
+        raise SandboxSpecError(
+            "a resume pool needs the nodes' memory image directory (--memory-images-dir, "
+            "warren-blockd's state directory on the host followed by /images)"
+        )
+    return f"{options.memory_images_dir.rstrip('/')}/{SLOT_PREFIX}{pod}"
+
+
+def _slot_pod_spec(container: Obj, options: PodOptions, claim_sha256: str) -> Obj:
+    """A resume slot's pod: the sandbox's pod as pod_for makes it for a Sandbox of the
+    pool's image, command and size (what a restore checks against the captured one, the
+    environment aside), its workspace volume published empty for the bind at the claim,
+    and its agent started unclaimed by the postStart hook once the restore is done."""
+    if not options.agent_image or not starts_agent(container["image"], options.agent_in_images):
+        raise SandboxSpecError(
+            "a resume pool needs an image with the agent in it (the base template's), as memory capture does"
+        )
+    pod_spec = _pod_spec(container, options, None)
+    bind_at_claim = {"csi": {"driver": BLOCKD_DRIVER, "volumeAttributes": {"bindAtClaim": "true"}}}
+    _mount_workspace(pod_spec, container, bind_at_claim)
+    _add_agent(pod_spec, container, options, ["-claim-token-sha256", claim_sha256])
+    return pod_spec
+
+
+def resume_misfit(sandbox: Mapping[str, Any], pool: Mapping[str, Any], options: PodOptions) -> str | None:
+    """Why the paused Sandbox cannot resume in a slot of this pool, or None: a resume pool of
+    its image, command and size (its environment is the restored processes' own, and its
+    agent takes it at the claim). Its workspace is bound at the claim, whatever its size."""
+    if not resumes(pool):
+        return f"pool {(pool.get('metadata') or {}).get('name')} keeps no resume slots"
+    return pool_misfit(sandbox, pool, options)
 
 
 def binds_at_claim(pool: Mapping[str, Any]) -> bool:

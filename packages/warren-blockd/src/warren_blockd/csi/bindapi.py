@@ -15,9 +15,12 @@ them off private ranges; the token keeps everyone else out).
   POST /v1/stage    {"image", "workspace", "workspace_seq", "into"?} -> {"image", "workspace",
                     "path"}: where the host has it, verified, if the workspace is at that write
                     record; with "into", onto a new fork of the workspace at that record
+  POST /v1/place    {"staged", "slot"}       -> {"slot", "path"}: the staged image given to
+                    the resume slot (a pod waiting to restore) of that name
+  POST /v1/release  {"slot"}                 -> the resume slot's wait ended: it starts afresh
   POST /v1/discard  {"pod_uid"}              -> the sandbox a capture froze, killed
 
-Capture and stage are the daemon's (warren_blockd.memory), passed on as they are asked.
+Capture, stage and place are the daemon's (warren_blockd.memory), passed on as they are asked.
 
 The fields are the volume attributes a pod would give, checked the same way; the workspace
 is made and mounted as a publish would, at the target of the pod's awaiting volume.
@@ -126,6 +129,13 @@ def routes(publisher: Publisher) -> list[Route]:
             body["into"] = str(request.body["into"])
         return publisher.client.request("POST", f"/v1/images/{image}/stage", body)
 
+    def place(request: Request) -> Any:
+        body = {"staged": str(request.body["staged"]), "slot": str(request.body["slot"])}
+        return publisher.client.request("POST", "/v1/images/place", body)
+
+    def release(request: Request) -> Any:
+        return publisher.client.request("POST", "/v1/images/release", {"slot": str(request.body["slot"])})
+
     def discard(request: Request) -> Any:
         body = {"pod_uid": str(request.body["pod_uid"])}
         return publisher.client.request("POST", "/v1/images/discard", body)
@@ -136,6 +146,8 @@ def routes(publisher: Publisher) -> list[Route]:
         Route("POST", "/v1/discard", discard),
         Route("POST", "/v1/capture", capture),
         Route("POST", "/v1/stage", stage),
+        Route("POST", "/v1/place", place),
+        Route("POST", "/v1/release", release),
     ]
 
 
