@@ -328,6 +328,26 @@ def proved_image(api: client.ApiClient, pod: Any) -> dict[str, Any] | None:
     return record if done else None
 
 
+def carried_on(
+    api: client.ApiClient,
+    platform: Any,
+    sandbox_id: str,
+    pod: Any,
+    before: tuple[str, int],
+    *,
+    image: str,
+    where: str,
+) -> None:
+    """The process restored in `pod` (`where`) from `image` has the secret it drew before the
+    pause, its counter carries on from where it stood, and its workspace is the same."""
+    assert sandbox_status(api, pod).get("restoredFrom") == image
+    secret, count = api_state(platform, sandbox_id)
+    assert secret == before[0], f"the process restored {where} has the secret it drew before"
+    assert count >= before[1], "its counter carried on from where it stood"
+    wait_for("the restored counter to count on", lambda: api_state(platform, sandbox_id)[1] > count)
+    assert platform.read_file(sandbox_id, "/workspace/kept") == b"kept\n"
+
+
 def test_a_paused_sandbox_resumes_with_its_memory_on_another_node_when_its_own_takes_no_pods(
     api: client.ApiClient, platform: Any, counter: tuple[str, str, Any]
 ) -> None:
@@ -352,12 +372,7 @@ def test_a_paused_sandbox_resumes_with_its_memory_on_another_node_when_its_own_t
         core.patch_node(node, {"spec": {"unschedulable": False}})
     (restored,) = core.list_pod_for_all_namespaces(label_selector=f"warren.dev/workspace={workspace}").items
     assert restored.spec.node_name in others, (restored.spec.node_name, node)
-    assert sandbox_status(api, restored).get("restoredFrom") == record["image"]
-    secret, count = api_state(platform, sandbox_id)
-    assert secret == before[0], "the process restored on the other node has the secret it drew before"
-    assert count >= before[1], "its counter carried on from where it stood"
-    wait_for("the restored counter to count on", lambda: api_state(platform, sandbox_id)[1] > count)
-    assert platform.read_file(sandbox_id, "/workspace/kept") == b"kept\n"
+    carried_on(api, platform, sandbox_id, restored, before, image=record["image"], where="on the other node")
 
 
 RESUMES = "test-resumes"
@@ -431,12 +446,7 @@ def test_a_paused_sandbox_resumes_in_a_slot_made_ahead_with_its_memory(
         ).items
         assert resumed.metadata.uid == slot.metadata.uid, "resumed in the slot, not in a pod made for it"
         assert resumed.metadata.annotations.get("warren.dev/claimed-from") == RESUMES
-        assert sandbox_status(api, resumed).get("restoredFrom") == record["image"]
-        secret, count = api_state(platform, sandbox_id)
-        assert secret == before[0], "the process restored in the slot has the secret it drew before"
-        assert count >= before[1], "its counter carried on from where it stood"
-        wait_for("the restored counter to count on", lambda: api_state(platform, sandbox_id)[1] > count)
-        assert platform.read_file(sandbox_id, "/workspace/kept") == b"kept\n"
+        carried_on(api, platform, sandbox_id, resumed, before, image=record["image"], where="in the slot")
         platform.run(sandbox_id, ["sh", "-c", "echo resumed > /workspace/resumed && sync"], timeout=60)
         assert platform.read_file(sandbox_id, "/workspace/resumed") == b"resumed\n"
         # The slot taken, the pool makes another.

@@ -83,9 +83,9 @@ RESTORE_ANNOTATION = "dev.gvisor.internal.restore.image-path"
 RESUME_SLOT_ANNOTATION = "warren.dev/resume-slot"
 RESTORE_WAIT_ANNOTATION = "dev.gvisor.internal.restore.wait-seconds"
 SLOT_PREFIX = "slot-"
-# Well under kubelet's 4-minute limit on making a pod's sandbox: a wait that ends fails
-# that request, and kubelet makes the sandbox again after a back-off. The controller
-# replaces an unclaimed slot before then (RESUME_SLOT_RENEW_S), so none is ever in back-off.
+# Well under kubelet's 4-minute limit on making a pod's sandbox. A wait that ends starts the
+# slot's containers afresh (no longer a slot), so the controller renews an unclaimed slot
+# before then (RESUME_SLOT_RENEW_S), releasing the old one (warren-blockd's /v1/release).
 RESTORE_WAIT_S = 100
 RESUME_SLOT_RENEW_S = 80.0
 
