@@ -20,7 +20,7 @@ them off private ranges; the token keeps everyone else out).
   POST /v1/release  {"slot"}                 -> the resume slot's wait ended: it starts afresh
   POST /v1/discard  {"pod_uid"}              -> the sandbox a capture froze, killed
 
-Capture, stage and place are the daemon's (warren_blockd.memory), passed on as they are asked.
+Capture, stage, place and release are the daemon's (warren_blockd.memory), passed on as asked.
 
 The fields are the volume attributes a pod would give, checked the same way; the workspace
 is made and mounted as a publish would, at the target of the pod's awaiting volume.
