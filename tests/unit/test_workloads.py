@@ -329,6 +329,33 @@ def test_a_pool_per_configured_template_and_the_control_plane_names_it() -> None
         parse_config({"services": {"pools": {"base": {"size": -1}}}})
 
 
+def test_resume_slots_for_a_template_are_a_resume_pool_of_its_shape() -> None:
+    """`resumes: N` renders <template>-resumes: the template's image and size, no workspace
+    of its own (the paused sandbox's is bound at the claim), and the control plane told
+    where the nodes keep memory images, which each slot's restore path names."""
+    config = parse_config({"services": {"pools": {"base": {"size": 1, "resumes": 2}}}})
+    pools = {o["metadata"]["name"]: o for o in render(config) if o["kind"] == "SandboxPool"}
+    assert set(pools) == {"base", "base-resumes"}
+    resume = pools["base-resumes"]["spec"]
+    assert resume["resume"] is True and resume["size"] == 2 and "workspace" not in resume
+    assert {k: resume[k] for k in ("image", "resources")} == {
+        k: pools["base"]["spec"][k] for k in ("image", "resources")
+    }
+    control = named(workloads({"pools": {"base": {"resumes": 2}}}), "Deployment", "warren-control")
+    args = control["spec"]["template"]["spec"]["containers"][0]["args"]
+    state = config.services.blockd_state_host_path
+    assert f"--memory-images-dir={state}/images" in args
+    blockd = named(workloads({}), "DaemonSet", "warren-blockd")
+    assert f"--host-state-dir={state}" in blockd["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [
+        o
+        for o in render(parse_config({"services": {"pools": {"base": {}}}}))
+        if o.get("spec", {}).get("resume")
+    ]
+    with pytest.raises(ConfigError, match=r"services\.pools\.base\.resumes"):
+        parse_config({"services": {"pools": {"base": {"resumes": -1}}}})
+
+
 def test_the_egress_gateway_runs_on_every_sandbox_node_and_keeps_traffic_there() -> None:
     ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
     selector = {"warren.dev/sandboxes": "true"}

@@ -6,13 +6,14 @@ pod from it on that node, or says why not; never a cold start unless asked. The 
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from test_controller import NS, FakeKube, remember_all, run
 from warren_control.binder import BindError
-from warren_control.controller import ControllerOptions, Reconciler
+from warren_control.controller import SLOT_SETTLE_S, ControllerOptions, Reconciler
 from warren_control.kube import Obj
 from warren_control.podspec import (
     POOL_LABEL,
@@ -582,3 +583,19 @@ def test_a_slot_being_deleted_is_released_once_so_that_its_pod_can_go(
     reconciler.reconcile_pool(NS, "resumes")
     assert binder.named("release")[-1] == (other["spec"]["nodeName"], other["metadata"]["name"])
     assert len(binder.named("release")) == 2
+
+
+def test_a_resume_pool_passes_again_when_a_slot_settles_to_count_it_ready(
+    slotted: tuple[FakeKube, Reconciler, FakeBinder],
+) -> None:
+    """A slot's last event may come before it settles: the pool asks for its own pass then,
+    so that its status counts the slot ready without waiting for the renewal's."""
+    kube, reconciler, _ = slotted
+    young = slots(kube)[0]
+    settle(young, "node-b", age_s=1.0)
+    remember_all(reconciler, kube)
+    reconciler.reconcile_pool(NS, "resumes")
+    pool = reconciler.pools.get(NS, "resumes")
+    assert kube.pool_status["resumes"]["ready"] == 1  # the settled one only
+    due = reconciler._renewals[pool["metadata"]["uid"]] - time.monotonic()
+    assert 0 < due <= SLOT_SETTLE_S

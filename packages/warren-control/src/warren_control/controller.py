@@ -1630,7 +1630,11 @@ class Reconciler:
                 self._refill(pool, missing)
             ready = sum(1 for pod in keep if (_slot_ready if resumes(pool) else _ready)(pod))
             if resumes(pool) and keep:
-                self._renew_later(pool, min(RESUME_SLOT_RENEW_S - _age(pod) for pod in keep))
+                # A pass when the next slot settles (its status counts it ready then: no
+                # event of its own may come) or is due to be renewed, whichever is first.
+                due = [RESUME_SLOT_RENEW_S - _age(pod) for pod in keep]
+                due += [SLOT_SETTLE_S - _age(pod) for pod in keep if _age(pod) < SLOT_SETTLE_S]
+                self._renew_later(pool, min(due))
             self._write_pool_status(
                 pool, {"size": size, "ready": ready, "starting": len(keep) + len(creating) - ready}
             )
@@ -1666,11 +1670,11 @@ class Reconciler:
             log.warning("releasing resume slot %s failed: %s", slot["metadata"]["name"], exc)
 
     def _renew_later(self, pool: Obj, delay: float) -> None:
-        """A pass of the resume pool in `delay` seconds, when its oldest slot is due to be
-        renewed; one pending at a time (every pass would otherwise add one)."""
+        """A pass of the resume pool in `delay` seconds (a slot settles or is due to be
+        renewed then); none if one comes sooner (every pass would otherwise add one)."""
         meta = pool["metadata"]
         now = time.monotonic()
-        due = now + max(delay, 1.0)
+        due = now + max(delay, 0.5)
         with self._guard:
             pending = self._renewals.get(str(meta["uid"]))
             if pending is not None and now < pending <= due:
