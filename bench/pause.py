@@ -66,15 +66,11 @@ def base_image(kube: Kube) -> str:
 def memory_image(kube: Kube, workspace: str, *, proved: bool = False) -> dict[str, Any] | None:
     """The sealed (with `proved`, also proved) memory image record of the Sandbox resource
     with this workspace."""
-    listed = kube.request("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")
-    for item in listed.get("items") or []:
-        if ((item.get("spec") or {}).get("workspace") or {}).get("id") == workspace:
-            record = (item.get("status") or {}).get("memoryImage") or {}
-            if record.get("unrestorable"):
-                raise SystemExit(f"bench-pause: the image did not restore: {record['unrestorable']}")
-            done = (record.get("verification") or {}).get("done") or not proved
-            return dict(record) if "sealedSeq" in record and done else None
-    raise SystemExit(f"bench-pause: no Sandbox resource with workspace {workspace} in this cluster")
+    record = (sandbox_of(kube, workspace).get("status") or {}).get("memoryImage") or {}
+    if record.get("unrestorable"):
+        raise SystemExit(f"bench-pause: the image did not restore: {record['unrestorable']}")
+    done = (record.get("verification") or {}).get("done") or not proved
+    return dict(record) if "sealedSeq" in record and done else None
 
 
 def soon(check: Any, what: str) -> Any:

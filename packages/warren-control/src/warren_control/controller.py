@@ -390,6 +390,11 @@ def _slot_ready(pod: Mapping[str, Any]) -> bool:
     return SLOT_SETTLE_S <= _age(pod) <= RESUME_SLOT_RENEW_S - SLOT_CLAIM_MARGIN_S
 
 
+def _ready_test(pool: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], bool]:
+    """What makes the pool's pod ready to hand out: a resume slot waiting, else a pod Ready."""
+    return _slot_ready if resumes(pool) else _ready
+
+
 def _awaiting_its_container(pod: Mapping[str, Any]) -> bool:
     """A bindAtClaim pool pod a Sandbox claimed, whose sandbox container is not there yet."""
     if not (pod["metadata"].get("annotations") or {}).get(BIND_AT_CLAIM_ANNOTATION):
@@ -1582,7 +1587,7 @@ class Reconciler:
         current = pool_hash(pool)
         with self._guard:
             made = set(self._pool_made.get(str(pool["metadata"]["uid"]), ()))
-        ready = _slot_ready if resumes(pool) else _ready
+        ready = _ready_test(pool)
         return [
             pod
             for pod in self._pool_pods(pool)
@@ -1628,7 +1633,7 @@ class Reconciler:
                 self._pool_made[uid] = made & {p["metadata"]["uid"] for p in keep + creating}
             if (missing := size - len(keep) - len(creating)) > 0 and not self._refill_held(namespace, name):
                 self._refill(pool, missing)
-            ready = sum(1 for pod in keep if (_slot_ready if resumes(pool) else _ready)(pod))
+            ready = sum(1 for pod in keep if _ready_test(pool)(pod))
             if resumes(pool) and keep:
                 # A pass when the next slot settles (its status counts it ready then: no
                 # event of its own may come) or is due to be renewed, whichever is first.
