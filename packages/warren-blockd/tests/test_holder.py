@@ -63,6 +63,20 @@ def test_a_holder_that_renews_over_a_takeover_is_written_over_in_turn(store: Pol
         holder.renew(ws, "node-a", 0, now=HOLD + 3)
 
 
+def test_a_detach_takes_a_fenced_off_holders_late_record_with_it(store: PolicyStore) -> None:
+    """The old holder's last renewal landed over the new holder's record, and the new one
+    detaches before its next renewal writes its own back: the stale record (a lower fence)
+    goes with the detach, so a later attach is not refused for a writer fenced off for good."""
+    ws = Workspace(store, "late")
+    ws.create(1024)
+    holder.take(ws, "node-a", HOLD, now=0.0)
+    fence, _ = holder.take(ws, "node-b", HOLD, now=HOLD)
+    holder._write(ws, holder.Holder("node-a", HOLD + 1, 0))  # a's late renewal, over b's
+    holder.let_go(ws, "node-b", fence)
+    assert holder.read(ws) is None
+    assert holder.take(ws, "node-b", HOLD, now=HOLD + 1.5)[1] is None  # at once, not after a's hold
+
+
 def test_the_same_node_keeps_its_hold_and_a_clean_detach_lets_go_at_once(store: PolicyStore) -> None:
     ws = Workspace(store, "mine")
     ws.create(1024)
@@ -70,9 +84,9 @@ def test_the_same_node_keeps_its_hold_and_a_clean_detach_lets_go_at_once(store: 
     # A restart or a handoff on the same node: no fence, its unpublished writes may go up.
     assert holder.take(ws, "node-a", HOLD, now=1.0) == (0, None)
     assert ws.replicated_seq() == 0
-    holder.let_go(ws, "node-b")  # not b's to let go of
+    holder.let_go(ws, "node-b", 0)  # not b's to let go of
     assert holder.read(ws) is not None
-    holder.let_go(ws, "node-a")
+    holder.let_go(ws, "node-a", 0)
     assert holder.read(ws) is None
     assert holder.take(ws, "node-b", HOLD, now=2.0) == (0, None)  # nothing to fence off
 

@@ -658,7 +658,7 @@ class Daemon:
                 )
         if drained and not att.replicator.error:
             try:  # every write is in storage: another node may attach it at once
-                holder.let_go(att.workspace, self.settings.node)
+                holder.let_go(att.workspace, self.settings.node, att.fence)
             except Exception as exc:  # its hold lapses by itself
                 fields = {"workspace": workspace_id, "error": str(exc)}
                 log.warning("letting go of the hold failed", extra={"fields": fields})

@@ -119,9 +119,10 @@ def renew(ws: Workspace, node: str, fence: int, now: float) -> None:
     _write(ws, Holder(node, now, fence))
 
 
-def let_go(ws: Workspace, node: str) -> None:
-    """`node` detached the workspace with every write in storage: another node may attach it
-    at once."""
+def let_go(ws: Workspace, node: str, fence: int) -> None:
+    """`node` (holding since the takeover `fence`) detached the workspace with every write in
+    storage: another node may attach it at once. A record of an older holder (a lower fence)
+    goes too: its last renewal landed over ours, and it can never write here again."""
     held = read(ws)
-    if held is not None and held.node == node:
+    if held is not None and (held.node == node or held.fence < fence):
         ws.store.delete(_key(ws))
